@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T10:24:21Z
+# measured    up to 2026-11-28T21:32:42Z
 # workloads   39 (workload-set digest 233c4d03e8d34141)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,21 +15,23 @@
 #   deepgemm_fused          3219e43119bb92a2  39/39  0.65x  [39 not graph-safe]
 #   deepgemm_fused_bound    ea05fb8ecd8c7999  39/39  1.49x
 #   deepgemm_masked         5f3c1b2f75c9cbb4  26/26  0.75x
-#   triton_decode.n128s8    bd939b33bf5cb8c9  12/12  1.31x
-#   triton_decode.n128s8q   bf6767e1d3543482  12/12  1.46x
-#   triton_decode.n128s8qc  a7ea2d05304f2bd9  12/12  1.47x
-#   triton_decode.n32s8     38aceaf81f915e73  12/12  0.93x
-#   triton_decode.n64s4     a882894c36a50e52  12/12  1.30x
-#   triton_decode.n64s4q    7de33e2f6a2d332b  12/12  1.45x
-#   triton_decode.n64s4qc   cf3c6b5aac07e3fc  12/12  1.45x
-#   triton_decode.n64s8     25c5486bdbd4bacd  12/12  1.21x
-#   triton_decode.n64s8q    d93f39008ef7ed94  12/12  1.34x
+#   triton_decode.n128s4q   d4f8d17d33e032e7  12/12  1.48x
+#   triton_decode.n128s8    3ac06916653011e3  12/12  1.30x
+#   triton_decode.n128s8q   f2ea1d2c02407de1  12/12  1.45x
+#   triton_decode.n128s8qc  02d1a4e94b7dc4ba  12/12  1.45x
+#   triton_decode.n32s8     40d397ff1d617d23  10/12  1.03x  [2 screened out]
+#   triton_decode.n64s4     b14a731b08ad5a68  12/12  1.29x
+#   triton_decode.n64s4q    950d4902d65d8150  12/12  1.44x
+#   triton_decode.n64s4qc   1246194a744ca0b5  12/12  1.44x
+#   triton_decode.n64s8     d5aecffa9c3f0070  12/12  1.20x
+#   triton_decode.n64s8q    ece826692c4c0d33  12/12  1.33x
 #   triton_grouped_m16.fr   61a6c0dac620371e  39/39  0.97x
 #   triton_grouped_m32.fr   688c584f6dc75586  39/39  1.03x
 #   triton_grouped_m32q.fr  e9f5e57e692ab60e  39/39  1.21x
 #   triton_grouped_m64.fr   2f268a68b3d51ce8  39/39  0.99x
 #   triton_grouped_m64q.fr  02cb0acc0819318b  39/39  1.27x
 # configs     launch configurations the tuner measured as variants of their own
+#   triton_decode.n128s4q   block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s8qc  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True fused_cast=False
@@ -44,42 +46,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.90% mean, 19.16% max;
-#             2.327x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.96% mean, 19.52% max;
-#             3.005x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.70% mean, 14.10% max;
+#             2.331x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.02% mean, 19.52% max;
+#             3.008x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 1.99x (1.67x .. 2.29x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
-#   2. 2 < seq_len <= 20: triton_decode.n64s4qc, 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q
-#   3. 20 < seq_len <= 52: triton_grouped_m16.fr, 3 workloads, 1.32x (1.29x .. 1.33x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m64q.fr, triton_grouped_m32.fr
-#   4. 52 < seq_len <= 837: triton_grouped_m32q.fr, 13 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
+#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 1.98x (1.66x .. 2.27x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s8q, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
+#   2. 2 < seq_len <= 9: triton_decode.n64s4qc, 3 workloads, 1.21x (1.12x .. 1.26x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n64s8q
+#   3. 9 < seq_len <= 40: triton_decode.n128s4q, 6 workloads, 1.47x (1.23x .. 1.83x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_decode.n128s8qc, triton_grouped_m32q.fr, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
+#   4. 40 < seq_len <= 837: triton_grouped_m32q.fr, 14 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
 #   5. seq_len > 837: deepgemm_fused_bound, 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 8.06x (6.10x .. 13.23x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s8q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n32s8, triton_decode.n128s8qc, triton_decode.n64s4qc, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr, deepgemm_fused_bound, deepgemm_fused
-#   2. 2 < seq_len <= 14: triton_decode.n64s4q, 4 workloads, 4.39x (2.61x .. 7.28x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n128s8qc, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n32s8, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
-#   3. 14 < seq_len <= 40: triton_decode.n128s8qc, 5 workloads, 5.59x (4.10x .. 8.33x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused_bound, deepgemm_fused, deepgemm_contiguous, deepgemm_masked
-#   4. 40 < seq_len <= 55: triton_grouped_m32q.fr, 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   5. 55 < seq_len <= 59: triton_grouped_m16.fr, 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   6. 59 < seq_len <= 1384: triton_grouped_m32q.fr, 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   7. seq_len > 1384: deepgemm_fused_bound, 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 15: triton_decode.n64s4q, 8 workloads, 5.20x (3.02x .. 11.40x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n64s8q, triton_decode.n128s8qc, triton_decode.n64s4, triton_decode.n64s8, triton_decode.n128s8, triton_decode.n32s8, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr, triton_grouped_m64.fr
+#   2. 15 < seq_len <= 40: triton_decode.n128s4q, 4 workloads, 6.29x (4.10x .. 8.81x) over sglang_triton_moe; then triton_decode.n128s8q, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused, deepgemm_contiguous, deepgemm_masked
+#   3. 40 < seq_len <= 55: triton_grouped_m32q.fr, 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   4. 55 < seq_len <= 59: triton_grouped_m16.fr, 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   5. 59 < seq_len <= 1384: triton_grouped_m32q.fr, 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   6. seq_len > 1384: deepgemm_fused_bound, 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.67, 1.99, 2.29), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
-    {'region': 2, 'variant': 'triton_decode.n64s4qc', 'bounds': {'seq_len': (2, 20)}, 'workloads': 7, 'speedup': (1.13, 1.39, 1.78), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q')},
-    {'region': 3, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (20, 52)}, 'workloads': 3, 'speedup': (1.29, 1.32, 1.33), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (52, 837)}, 'workloads': 13, 'speedup': (1.29, 1.37, 1.5), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.66, 1.98, 2.27), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
+    {'region': 2, 'variant': 'triton_decode.n64s4qc', 'bounds': {'seq_len': (2, 9)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.26), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q')},
+    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (9, 40)}, 'workloads': 6, 'speedup': (1.23, 1.47, 1.83), 'fallbacks': ('triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 837)}, 'workloads': 14, 'speedup': (1.29, 1.37, 1.5), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
     {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (837, None)}, 'workloads': 13, 'speedup': (1.56, 2.55, 3.1), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (6.1, 8.06, 13.23), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n32s8', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (2, 14)}, 'workloads': 4, 'speedup': (2.61, 4.39, 7.28), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 3, 'variant': 'triton_decode.n128s8qc', 'bounds': {'seq_len': (14, 40)}, 'workloads': 5, 'speedup': (4.1, 5.59, 8.33), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 55)}, 'workloads': 4, 'speedup': (1.98, 2.1, 2.28), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (55, 59)}, 'workloads': 4, 'speedup': (2.16, 2.23, 2.27), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 6, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (59, 1384)}, 'workloads': 8, 'speedup': (2.19, 2.55, 3.13), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 7, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1384, None)}, 'workloads': 11, 'speedup': (2.51, 2.96, 3.43), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (None, 15)}, 'workloads': 8, 'speedup': (3.02, 5.2, 11.4), 'fallbacks': ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n128s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (15, 40)}, 'workloads': 4, 'speedup': (4.1, 6.29, 8.81), 'fallbacks': ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 55)}, 'workloads': 4, 'speedup': (1.98, 2.1, 2.28), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (55, 59)}, 'workloads': 4, 'speedup': (2.16, 2.23, 2.27), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (59, 1384)}, 'workloads': 8, 'speedup': (2.19, 2.55, 3.13), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1384, None)}, 'workloads': 11, 'speedup': (2.51, 2.96, 3.43), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -87,17 +87,17 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 1.99x (1.67x .. 2.29x) over sglang_triton_moe
+    # region 1: 3 workloads, 1.98x (1.66x .. 2.27x) over sglang_triton_moe
     if seq_len <= 2:
-        return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
-    # region 2: 7 workloads, 1.39x (1.13x .. 1.78x) over sglang_triton_moe
-    if 2 < seq_len <= 20:
-        return ('triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q') if inside else 'triton_decode.n64s4qc'
-    # region 3: 3 workloads, 1.32x (1.29x .. 1.33x) over sglang_triton_moe
-    if 20 < seq_len <= 52:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr') if inside else 'triton_grouped_m16.fr'
-    # region 4: 13 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe
-    if 52 < seq_len <= 837:
+        return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
+    # region 2: 3 workloads, 1.21x (1.12x .. 1.26x) over sglang_triton_moe
+    if 2 < seq_len <= 9:
+        return ('triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q') if inside else 'triton_decode.n64s4qc'
+    # region 3: 6 workloads, 1.47x (1.23x .. 1.83x) over sglang_triton_moe
+    if 9 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 4: 14 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe
+    if 40 < seq_len <= 837:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
     # region 5: 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe
     if seq_len > 837:
@@ -107,25 +107,22 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.06x (6.10x .. 13.23x) over sglang_triton_moe
-    if seq_len <= 2:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n32s8', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
-    # region 2: 4 workloads, 4.39x (2.61x .. 7.28x) over sglang_triton_moe
-    if 2 < seq_len <= 14:
-        return ('triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n64s4q'
-    # region 3: 5 workloads, 5.59x (4.10x .. 8.33x) over sglang_triton_moe
-    if 14 < seq_len <= 40:
-        return ('triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked') if inside else 'triton_decode.n128s8qc'
-    # region 4: 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe
+    # region 1: 8 workloads, 5.20x (3.02x .. 11.40x) over sglang_triton_moe
+    if seq_len <= 15:
+        return ('triton_decode.n64s4q', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n128s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n64s4q'
+    # region 2: 4 workloads, 6.29x (4.10x .. 8.81x) over sglang_triton_moe
+    if 15 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked') if inside else 'triton_decode.n128s4q'
+    # region 3: 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe
     if 40 < seq_len <= 55:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
-    # region 5: 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe
+    # region 4: 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe
     if 55 < seq_len <= 59:
         return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
-    # region 6: 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe
+    # region 5: 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe
     if 59 < seq_len <= 1384:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
-    # region 7: 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe
+    # region 6: 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe
     if seq_len > 1384:
         return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
