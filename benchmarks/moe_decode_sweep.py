@@ -89,6 +89,50 @@ def configs():
                dict(block_n1=n1, block_n2=n2, split_k=s1, split_k2=s2, num_warps=w, num_stages=st, fp8_down=True))
 
 
+def sweep(call, named_configs, registered: dict, seq_lens, deadline: float, rows: list) -> None:
+    """For each batch size, `call(*inputs, **config)` for each (name, config) until the deadline: graph
+    time against the floor and each kernel's device time, into `rows`; prints the best twelve and the
+    registered ones."""
+    named_configs = list(named_configs)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    for seq_len in seq_lens:
+        axes = {"seq_len": seq_len}
+        args = list(materialize(DEF, SimpleWorkload(axes, uuid=f"sweep-{seq_len}"), device="cuda", seed=0))
+        sets = timing.input_sets(DEF, args, l2, max_sets=8)
+        floor = floor_us(DEF, args, axes)
+        print(f"== seq_len {seq_len}: floor {floor:.1f} us", flush=True)
+        measured = []
+        for name, cfg in named_configs:
+            if time.time() > deadline:
+                print("  (time is up: the rest not measured)")
+                break
+
+            def fn(*a, cfg=cfg):
+                return call(*a, **cfg)
+            try:
+                graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
+                kernels = kernel_times(fn, sets)
+            except Exception as exc:  # a configuration the compiler refuses (shared memory)
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            measured.append((graph, name, kernels))
+            rows.append(dict(kind="config", seq_len=seq_len, config=name, **cfg, graph_us=graph, floor_us=floor,
+                             kernels=kernels))
+        measured.sort()
+        for graph, name, kernels in measured[:12]:
+            parts = "  ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1]))
+            print(f"  {name:24s} graph {graph:6.1f} us  {graph / floor:4.2f}x floor  | {parts}")
+        for graph, name, kernels in measured:
+            if name in registered:
+                print(f"  registered {name:13s} graph {graph:6.1f} us  {graph / floor:4.2f}x floor")
+
+
+def write_json(path: str, rows: list) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()), torch=torch.__version__,
+                       triton=triton.__version__, rows=rows), f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32])
@@ -110,41 +154,10 @@ def main() -> None:
                   f"{nbytes / best[0] / 1e6:.2f} TB/s (block {best[1]}, steps {best[2]})", flush=True)
             rows.append(dict(kind="stream", experts=experts, what=what, bytes=nbytes, us=best[0]))
     del pool
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    for seq_len in opts.seq_lens:
-        axes = {"seq_len": seq_len}
-        args = list(materialize(DEF, SimpleWorkload(axes, uuid=f"sweep-{seq_len}"), device="cuda", seed=0))
-        sets = timing.input_sets(DEF, args, l2, max_sets=8)
-        floor = floor_us(DEF, args, axes)
-        print(f"== seq_len {seq_len}: floor {floor:.1f} us", flush=True)
-        measured = []
-        for name, cfg in itertools.islice(configs(), shard, None, shards):
-            if time.time() > deadline:
-                print("  (time is up: the rest not measured)")
-                break
-
-            def fn(*a, cfg=cfg):
-                return fp8_decode.moe_fp8_decode(*a, **cfg)
-            try:
-                graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
-                kernels = kernel_times(fn, sets)
-            except Exception as exc:  # a configuration the compiler refuses (shared memory)
-                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
-                continue
-            measured.append((graph, name, kernels))
-            rows.append(dict(kind="config", seq_len=seq_len, config=name, **cfg, graph_us=graph, floor_us=floor,
-                             kernels=kernels))
-        measured.sort()
-        for graph, name, kernels in measured[:12]:
-            parts = "  ".join(f"{k} {v:.1f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1]))
-            print(f"  {name:24s} graph {graph:6.1f} us  {graph / floor:4.2f}x floor  | {parts}")
-        for graph, name, kernels in measured:
-            if name in fp8_decode.CONFIGS:
-                print(f"  registered {name:13s} graph {graph:6.1f} us  {graph / floor:4.2f}x floor")
+    sweep(fp8_decode.moe_fp8_decode, itertools.islice(configs(), shard, None, shards), fp8_decode.CONFIGS,
+          opts.seq_lens, deadline, rows)
     if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), date=str(datetime.date.today()), torch=torch.__version__,
-                           triton=triton.__version__, rows=rows), f, indent=1)
+        write_json(opts.json, rows)
 
 
 if __name__ == "__main__":
