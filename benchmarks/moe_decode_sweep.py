@@ -133,14 +133,20 @@ def write_json(path: str, rows: list) -> None:
                        triton=triton.__version__, rows=rows), f, indent=1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--minutes", type=float, default=6.0)
+def options(doc: str, seq_lens: list[int], minutes: float):
+    """A sweep script's options (its docstring's usage line) and its (shard, shards)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=seq_lens)
+    ap.add_argument("--minutes", type=float, default=minutes)
     ap.add_argument("--shard", default="0/1")
     ap.add_argument("--json")
     opts = ap.parse_args()
     shard, shards = map(int, opts.shard.split("/"))
+    return opts, shard, shards
+
+
+def main() -> None:
+    opts, shard, shards = options(__doc__, [1, 8, 32], 6.0)
     registry.discover()
     deadline = time.time() + opts.minutes * 60
     print(f"# benchmarks/moe_decode_sweep.py on {torch.cuda.get_device_name()}, {datetime.date.today()}, torch "

@@ -9,7 +9,6 @@ the tile height and the expert's rows decide how often. Needs only torch and Tri
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import time
@@ -20,7 +19,7 @@ import triton
 from kdispatch import registry
 from kdispatch.kernels.triton.moe import fp8_grouped
 
-from moe_decode_sweep import sweep, write_json  # noqa: E402  (benchmarks/ is the script folder)
+from moe_decode_sweep import options, sweep, write_json  # noqa: E402  (benchmarks/ is the script folder)
 
 
 def configs():
@@ -33,13 +32,7 @@ def configs():
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq-lens", type=int, nargs="+", default=[512, 901, 2048, 4096])
-    ap.add_argument("--minutes", type=float, default=5.0)
-    ap.add_argument("--shard", default="0/1")
-    ap.add_argument("--json")
-    opts = ap.parse_args()
-    shard, shards = map(int, opts.shard.split("/"))
+    opts, shard, shards = options(__doc__, [512, 901, 2048, 4096], 5.0)
     registry.discover()
     print(f"# benchmarks/moe_grouped_sweep.py on {torch.cuda.get_device_name()}, {datetime.date.today()}, torch "
           f"{torch.__version__}, triton {triton.__version__}")
