@@ -5,16 +5,14 @@ FP8 weight bytes of the experts the batch hits at peak HBM bandwidth). What the 
 MoE issue has to remove, measured rather than guessed; each call's eager time too (single synchronised
 calls, as the tuner times the eager mode). With --host, also the host time of a call (the
 time until it returns, the device synchronised outside the timed window) and where it goes: the
-functions with the most own time under cProfile, for each variant and the routed op; the Triton
-variants also with their kernels launched by JIT calls instead of kernels/triton/launch.py's
-`launch`, side by side.
+functions with the most own time under cProfile, for each variant and the routed op
+(benchmarks/moe_host_parts.py times the pieces without cProfile's inflation).
 
     python benchmarks/moe_profile.py [--seq-lens 1 8 32 64] [--variants triton_grouped_m16.fr ...] [--host]
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import statistics
 
@@ -29,22 +27,6 @@ from hosttime import host_breakdown, host_us, kernel_times  # noqa: E402
 
 DEF = "moe_fp8"
 EAGER_CALLS = 50  # single synchronised calls (timing.eager_times_us: host + device, what the tuner times eagerly)
-
-
-@contextlib.contextmanager
-def jit_launches():
-    """The MoE Triton kernels launched by their JIT call (`kernel[grid](...)`) instead of `launch`."""
-    from kdispatch.kernels.triton.moe import fp8_decode, fp8_grouped
-
-    def jit_launch(kernel, grid, *args, **options):
-        kernel[grid](*args, **options)
-
-    saved = fp8_decode.launch, fp8_grouped.launch
-    fp8_decode.launch = fp8_grouped.launch = jit_launch
-    try:
-        yield
-    finally:
-        fp8_decode.launch, fp8_grouped.launch = saved
 
 
 def main() -> None:
@@ -89,9 +71,6 @@ def main() -> None:
             for kname, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
                 print(f"    {us:8.1f} us  {kname[:110]}")
             if opts.host:
-                if v.backend == "triton":
-                    with jit_launches():
-                        print(f"  {name}: host {host_us(v.fn, args):.1f} us per call with JIT launches")
                 print(f"  {name}: host {host_us(v.fn, args):.1f} us per call; own time under cProfile:")
                 print("\n".join(f"    {line}" for line in host_breakdown(v.fn, args)))
         if opts.host:

@@ -104,7 +104,7 @@ def test_registered_variants():
         assert v.backend == "triton" and v.archs == ("sm90",)
 
 
-@pytest.mark.parametrize("T,offset", [(1, 0), (37, 64), (130, 224)])
+@pytest.mark.parametrize("T,offset", [(1, 0), (37, 64), (130, 224), (300, 32)])
 def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, monkeypatch):
     """_fused_route_layout: the reference's experts and weights, every local pair once in its
     expert's padded run, block_expert as the torch layout has it (only the order inside a run may
@@ -122,7 +122,7 @@ def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, mon
     experts, weights = M.ref._route(logits, bias, 2.5)
     local = experts - offset
     local = torch.where((local >= 0) & (local < LOCAL), local, LOCAL)
-    for block_m in (16, 64):
+    for block_m in (1, 16, 64):  # 1: the DeepGEMM masked variant's layout, a row per pair
         want_pairs, want_blocks = torch_layout(local, LOCAL, block_m)
         pair_weights, row_pair, block_expert = M._fused_route_layout(logits, bias, offset, 2.5, LOCAL, block_m)
         torch.testing.assert_close(pair_weights, weights.reshape(-1), rtol=1e-6, atol=1e-7)

@@ -28,7 +28,9 @@ bf16 output and one workspace, `_workspace`), no host sync (capturable):
 Eager calls are bound by host time at these sizes (the GPU finishes each kernel before the next is
 launched): until 2026-11-28 the memset, the activation kernel and the cast were launches of their
 own and the buffers four allocations (benchmarks/results/moe-profile-*.txt: 140-170 us of host time
-per call on the GPU machine).
+per call on the GPU machine); then the launches were keyed one by one (`launch`, ~14 us each beyond
+Triton's launcher), and since keyed once per call (kernels/triton/launches.py): n128s4q 56-109 ->
+44-62 us (H200, one run: benchmarks/results/moe-host-ab-H200.txt).
 
 Measured on an H100 (2026-11-26, benchmarks/results/moe-profile-H100.txt, one run, CUDA-graph time
 per call): 1 token 53 us (n128s8) against 75 for SGLang's fused MoE and 79 for the grouped kernels
@@ -51,8 +53,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kdispatch.kernels.triton.launch import launch
-from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _route_token, cdiv, next_pow2
+from kdispatch.kernels.triton.launches import Launches, call_key
+from kdispatch.kernels.triton.moe.fp8_grouped import (CAST_BLOCK, FP8_MAX, QBLOCK, _cast_kernel, _e4m3_grid,
+                                                      _route_token, cdiv, next_pow2)
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -283,19 +286,8 @@ def _gemm2_kernel(
             tl.store(out_ptr + offs, total.to(tl.bfloat16), mask=live)
 
 
-@triton.jit
-def _cast_kernel(ws_ptr, out_ptr, num_tokens, HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
-                 QB: tl.constexpr, FP8_DOWN: tl.constexpr, BLOCK: tl.constexpr):
-    """The fp32 output rounded to the bf16 result, BLOCK elements a program (without FUSED_CAST)."""
-    _, _, acc_ptr, _, _, _, _ = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = offs < num_tokens * HIDDEN
-    tl.store(out_ptr + offs, tl.load(acc_ptr + offs, mask=live).to(tl.bfloat16), mask=live)
-
-
 ZERO_CHUNK = 4096  # accumulator words a routing program zeroes (a token's are 7168 + 8 * 4096 at full size)
 ZERO_BLOCK = 1024  # words per store
-CAST_BLOCK = 1024  # output elements per cast program
 
 
 def _workspace_words(num_tokens: int, hidden: int, inter: int, fp8_down: bool, num_counts: int) -> int:
@@ -328,28 +320,31 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
     num_pairs = num_tokens * ref.TOP_K
     slots = min(num_local, num_pairs)  # at most this many experts are hit: the grid is static
     num_counts = slots * (inter // QBLOCK) + hidden // block_n2
-    fp8_down, dot_fp32 = bool(fp8_down), bool(dot_fp32)
+    fp8_down, dot_fp32, fused_cast = bool(fp8_down), bool(dot_fp32), bool(fused_cast)
+    inputs = (routing_logits.contiguous(), routing_bias.contiguous(), hidden_states.contiguous(),
+              hidden_states_scale.contiguous(), gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(),
+              gemm2_weights.contiguous(), gemm2_weights_scale.contiguous())
+    logits, bias, x, x_scale, w13, w13_scale, w2, w2_scale = inputs
     ws = torch.empty(_workspace_words(num_tokens, hidden, inter, fp8_down, num_counts), dtype=torch.float32,
                      device=device)
+    run = Launches((*call_key("moe_fp8 decode", *inputs), num_tokens, hidden, inter, num_local, logits.shape[1],
+                    int(local_expert_offset), block_n1, block_n2, split_k, split_k2, num_warps, num_stages, fp8_down,
+                    fused_cast, dot_fp32))
     zero_split = cdiv(hidden + ref.TOP_K * 2 * inter, ZERO_CHUNK)
-    launch(_route_zero_kernel, (num_tokens, zero_split),
-           routing_logits.contiguous(), routing_bias.contiguous(), ws, num_tokens, int(local_expert_offset),
-           float(routed_scaling_factor), cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
-           routing_logits.shape[1], ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, hidden, inter, QBLOCK,
-           fp8_down, ZERO_BLOCK)
+    run(_route_zero_kernel, (num_tokens, zero_split), logits, bias, ws, num_tokens, int(local_expert_offset),
+        float(routed_scaling_factor), cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
+        logits.shape[1], ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, hidden, inter, QBLOCK, fp8_down,
+        ZERO_BLOCK)
     # the constexprs both GEMMs take after their runtime arguments: HIDDEN .. TOKENS
     shape = (hidden, inter, ref.TOP_K, num_local, next_pow2(num_local),
              next_pow2(num_pairs), max(16, next_pow2(num_tokens)))
-    launch(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots),
-           hidden_states.contiguous(), hidden_states_scale.contiguous(), gemm1_weights.contiguous(),
-           gemm1_weights_scale.contiguous(), ws, num_tokens, *shape, block_n1, split_k, QBLOCK, fp8_down,
-           dot_fp32, num_warps=num_warps, num_stages=num_stages)
-    launch(_gemm2_kernel, (hidden // block_n2, split_k2, slots),
-           gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), ws, out, num_tokens, *shape, block_n2,
-           split_k2, QBLOCK, fp8_down, dot_fp32, bool(fused_cast), num_warps=num_warps, num_stages=num_stages)
-    if not fused_cast:
-        launch(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, out, num_tokens, hidden, inter,
-               ref.TOP_K, QBLOCK, fp8_down, CAST_BLOCK)
+    run(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots), x, x_scale, w13, w13_scale, ws, num_tokens,
+        *shape, block_n1, split_k, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+    run(_gemm2_kernel, (hidden // block_n2, split_k2, slots), w2, w2_scale, ws, out, num_tokens, *shape, block_n2,
+        split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, num_warps=num_warps, num_stages=num_stages)
+    if not fused_cast:  # the accumulator follows the pair weights and local ids (`_workspace`)
+        run(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, 2 * num_pairs, out, num_tokens * hidden,
+            CAST_BLOCK)
     return out
 
 

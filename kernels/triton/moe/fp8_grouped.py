@@ -4,23 +4,32 @@ Definition: moe_fp8_block_scale_ds_routing_topk8_ng8_kg4_e32_h7168_i2048 (see th
 kdispatch/references/moe_fp8.py, for the math). Three steps, none of which syncs with the host, so a
 call is safe under CUDA-graph capture (the reference is not: it reads the expert counts back):
 
-1. Routing and layout (`_fused_route_layout`: a memset and two Triton kernels): the 8 experts and
-   weights of every token (`_route_kernel`, one program per token), then the (token, choice) pairs
-   that hit one of this rank's 32 experts placed by expert (`_layout_kernel`, through atomic
-   per-expert cursors), each expert's run padded to a multiple of BLOCK_M rows. `row_pair[r]` is the
-   pair in row r (-1 = padding) and `block_expert[m]` the expert of row block m (32 = past the last
-   expert: the program exits). The row count is bounded by the shapes (T * 8 + 32 * (BLOCK_M - 1)),
-   so the grid is static.
+1. Routing and layout (`_route_layout`: three Triton kernels): the per-expert counters zeroed
+   (`_zero_counters_kernel`), the 8 experts and weights of every token, counted per local expert
+   (`_route_kernel`, one program per token), then the (token, choice) pairs that hit one of this
+   rank's 32 experts placed by expert (`_layout_kernel`, through atomic per-expert cursors), each
+   expert's run padded to a multiple of BLOCK_M rows. `row_pair[r]` is the pair in row r (-1 =
+   padding) and `block_expert[m]` the expert of row block m (32 = past the last expert: the program
+   exits). The row count is bounded by the shapes (T * 8 + 32 * (BLOCK_M - 1)), so the grid is static.
 2. `_gemm1_swiglu_kernel`, grid (row blocks, 2048 / BLOCK_N): gathers the block's token rows of the
    FP8 activations and multiplies them with the up and gate rows [n, n + BLOCK_N) and
    [2048 + n, ...) of W13[e] on the FP8 tensor cores, 128 columns (one scale block) at a time:
    acc += dot(x, w^T) * x_scale[row] * w_scale[block] (fp32 accumulate, scales applied per block as
-   DeepGEMM does). Writes y = silu(gate) * up as bf16 into a [rows, 2048] workspace.
+   DeepGEMM does). Writes y = silu(gate) * up as bf16 into a [rows, 2048] region.
 3. `_gemm2_scatter_kernel`, grid (row blocks, 7168 / BLOCK_N): y [rows, 2048] bf16 times W2[e]^T
    (FP8 weights widened to bf16 in registers, per-block scales), times the pair's routing weight,
-   atomically added into an fp32 [T, 7168] output (zeroed by the routing programs), rounded to bf16
-   at the end. The summation order of a token's (at most 8) experts is therefore not fixed: results
-   may differ in the last bits from call to call.
+   atomically added into an fp32 [T, 7168] accumulator (zeroed by the routing programs), which
+   `_cast_kernel` rounds to the bf16 output. The summation order of a token's (at most 8) experts is
+   therefore not fixed: results may differ in the last bits from call to call.
+
+Two allocations a call, the output and one workspace holding every intermediate (`_layout_regions`,
+`_y_regions`: offsets computed in the kernels, so no views are made on the host), and five launches
+keyed once per call (kernels/triton/launches.py). Eager calls at up to a few hundred tokens are bound
+by host time; until 2026-11-28 a call made eight allocations, a memset, a torch cast and four
+launches keyed one by one: 147-258 us of host time a call on the GPU machine, 76-134 since (H200,
+one run: benchmarks/results/moe-host-ab-H200.txt; graph times within 1% up to 512 tokens, the down
+GEMM 1-2% slower at 8-16k). A layout without the zeroing launch (each of 32 programs histogramming
+all pairs) took 100 us at 16k tokens where the atomics take 14.
 
 Rounding differs from the reference (which dequantises to fp32): y is rounded to bf16 between the
 GEMMs, and the FP8 products are exact in fp32 accumulation. The contest tolerance for this
@@ -49,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kdispatch.kernels.triton.launch import launch
+from kdispatch.kernels.triton.launches import Launches, call_key
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -82,13 +91,66 @@ def _e4m3_grid(v):
 
 
 @triton.jit
+def _round16(n):
+    """n rounded up to a multiple of 16 (the compiler then knows a region starting there is 64-byte
+    aligned: its loads vectorise)."""
+    return (n + 15) // 16 * 16
+
+
+@triton.jit
+def _rows(num_tokens, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Rows of the expert-sorted layout: every pair, each expert's run padded to BLOCK_M (`rows_of`)."""
+    return (num_tokens * TOP_K + NUM_LOCAL * (BLOCK_M - 1) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+
+
+@triton.jit
+def _layout_regions(ws_ptr, num_tokens, HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, ACC: tl.constexpr):
+    """The regions of a call's one workspace (its size: `workspace_words`) up to the layout, each at a
+    multiple of 16 words: pair weights [pairs] fp32; local expert ids [pairs] int32; with ACC the
+    fp32 output accumulator [T, HIDDEN]; row_pair [rows] int32; block_expert [rows / BLOCK_M] int32;
+    per-expert counters int32, the pairs routed to each then the layout's cursors (`COUNTERS` words
+    each). Also the word where y's regions (`_y_regions`) start."""
+    COUNTERS: tl.constexpr = (NUM_LOCAL + 16) // 16 * 16
+    pairs16 = _round16(num_tokens * TOP_K)
+    rows = _rows(num_tokens, TOP_K, NUM_LOCAL, BLOCK_M)
+    local = (ws_ptr + pairs16).to(tl.pointer_type(tl.int32), bitcast=True)
+    acc = ws_ptr + 2 * pairs16
+    if ACC:
+        acc_words = num_tokens * HIDDEN
+    else:
+        acc_words = num_tokens * 0
+    row_pair = (acc + acc_words).to(tl.pointer_type(tl.int32), bitcast=True)
+    block_expert = row_pair + _round16(rows)
+    counters = block_expert + _round16(rows // BLOCK_M)
+    end = 2 * pairs16 + acc_words + _round16(rows) + _round16(rows // BLOCK_M) + 2 * COUNTERS
+    return ws_ptr, local, acc, row_pair, block_expert, counters, end
+
+
+@triton.jit
+def _y_regions(ws_ptr, end, num_tokens, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+               BLOCK_M: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr):
+    """y's regions after the layout's (from word `end`): with FP8_Y its scales [rows, INTER / QB] fp32
+    and y [rows, INTER] FP8, else y [rows, INTER] bf16."""
+    rows = _rows(num_tokens, TOP_K, NUM_LOCAL, BLOCK_M)
+    y_scale = ws_ptr + end
+    if FP8_Y:
+        y = (y_scale + _round16(rows * (INTER // QB))).to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+    else:
+        y = y_scale.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    return y_scale, y
+
+
+@triton.jit
 def _gemm1_swiglu_kernel(
-    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, row_pair_ptr, block_expert_ptr, y_ptr, y_scale_ptr,
-    num_tokens,
+    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
+    _, _, _, row_pair_ptr, block_expert_ptr, _, end = _layout_regions(
+        ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, True)
+    y_scale_ptr, y_ptr = _y_regions(ws_ptr, end, num_tokens, INTER, TOP_K, NUM_LOCAL, BLOCK_M, QB, FP8_Y)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -138,11 +200,14 @@ def _gemm1_swiglu_kernel(
 
 @triton.jit
 def _gemm2_scatter_kernel(
-    y_ptr, y_scale_ptr, w2_ptr, w2_scale_ptr, row_pair_ptr, pair_weight_ptr, block_expert_ptr, out_ptr,
+    w2_ptr, w2_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
+    pair_weight_ptr, _, out_ptr, row_pair_ptr, block_expert_ptr, _, end = _layout_regions(
+        ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, True)
+    y_scale_ptr, y_ptr = _y_regions(ws_ptr, end, num_tokens, INTER, TOP_K, NUM_LOCAL, BLOCK_M, QB, FP8_Y)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
@@ -217,84 +282,141 @@ def _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
 
 
 @triton.jit
+def _zero_counters_kernel(ws_ptr, num_tokens, HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+                          BLOCK_M: tl.constexpr, ACC: tl.constexpr):
+    """The per-expert counters zeroed: the routing kernel counts into them."""
+    _, _, _, _, _, counters, _ = _layout_regions(ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
+    COUNTERS: tl.constexpr = (NUM_LOCAL + 16) // 16 * 16
+    for start in tl.static_range(0, 2 * COUNTERS, 16):
+        tl.store(counters + start + tl.arange(0, 16), 0)
+
+
+@triton.jit
 def _route_kernel(
-    logits_ptr, bias_ptr, weight_ptr, local_ptr, counts_ptr, row_pair_ptr, zero_ptr,
-    local_offset, scaling, num_rows, fill_chunk, zero_cols,
+    logits_ptr, bias_ptr, ws_ptr, num_tokens, local_offset, scaling,
     NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
-    NUM_LOCAL: tl.constexpr, FILL: tl.constexpr, ZERO: tl.constexpr,
+    NUM_LOCAL: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_M: tl.constexpr, ACC: tl.constexpr, FILL: tl.constexpr,
 ):
-    """One token: its routing (`_route_token`) stored per pair, counted into counts[e] for the
-    layout kernel that runs after, and its share of row_pair set to -1; with ZERO its row of the
-    fp32 [T, zero_cols] accumulator zeroed (in place of a memset launch)."""
+    """One token: its routing (`_route_token`) stored per pair and counted per local expert, its share
+    of row_pair set to -1 (the padding the layout leaves), and with ACC its row of the fp32 output
+    accumulator zeroed."""
     t = tl.program_id(0)
+    weight_ptr, local_ptr, acc, row_pair, _, counts, _ = _layout_regions(
+        ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
     local, w, is_local = _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
                                       NUM_EXPERTS, NUM_GROUPS, TOP_GROUPS, TOP_K, NUM_LOCAL)
     ks = tl.arange(0, TOP_K)
     tl.store(weight_ptr + t * TOP_K + ks, w)
     tl.store(local_ptr + t * TOP_K + ks, local)
-    tl.atomic_add(counts_ptr + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
-    for r in range(t * fill_chunk, tl.minimum((t + 1) * fill_chunk, num_rows), FILL):
-        rows = r + tl.arange(0, FILL)
-        tl.store(row_pair_ptr + rows, -1, mask=rows < tl.minimum((t + 1) * fill_chunk, num_rows))
-    if ZERO:
-        for c in range(0, zero_cols, FILL * 8):
+    tl.atomic_add(counts + local, 1, mask=is_local, sem="relaxed")  # a token's experts are distinct
+    rows = _rows(num_tokens, TOP_K, NUM_LOCAL, BLOCK_M)
+    chunk = (rows + num_tokens - 1) // num_tokens
+    stop = tl.minimum((t + 1) * chunk, rows)
+    for r in range(t * chunk, stop, FILL):
+        offs = r + tl.arange(0, FILL)
+        tl.store(row_pair + offs, -1, mask=offs < stop)
+    if ACC:
+        for c in range(0, HIDDEN, FILL * 8):
             cols = c + tl.arange(0, FILL * 8)
-            tl.store(zero_ptr + t.to(tl.int64) * zero_cols + cols, 0.0, mask=cols < zero_cols)
+            tl.store(acc + t.to(tl.int64) * HIDDEN + cols, 0.0, mask=cols < HIDDEN)
 
 
 @triton.jit
 def _layout_kernel(
-    local_ptr, counts_ptr, cursor_ptr, row_pair_ptr, block_expert_ptr, num_pairs, num_blocks,
-    NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+    ws_ptr, num_tokens,
+    HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    """Places BLOCK_P pairs in their expert's rows (each expert's run starts a BLOCK_M block; the
-    order inside a run is the atomics' order) and writes BLOCK_P entries of block_expert (NUM_LOCAL
-    past the last expert's rows)."""
+    """Places BLOCK_P pairs in their expert's rows (each expert's run starts a BLOCK_M block, after the
+    padded runs of the experts before it; the order inside a run is the atomics' order) and writes
+    BLOCK_P entries of block_expert (NUM_LOCAL past the last run: those programs exit)."""
     pid = tl.program_id(0)
+    _, local_ptr, _, row_pair, block_expert, counts, _ = _layout_regions(
+        ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
+    COUNTERS: tl.constexpr = (NUM_LOCAL + 16) // 16 * 16
+    num_pairs = num_tokens * TOP_K
+    num_blocks = _rows(num_tokens, TOP_K, NUM_LOCAL, BLOCK_M) // BLOCK_M
     es = tl.arange(0, LOCAL_POW2)
-    counts = tl.load(counts_ptr + es, mask=es < NUM_LOCAL, other=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded = (tl.load(counts + es, mask=es < NUM_LOCAL, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     pad_end = tl.cumsum(padded, axis=0)
     offs = pid * BLOCK_P + tl.arange(0, BLOCK_P)
     local = tl.load(local_ptr + offs, mask=offs < num_pairs, other=NUM_LOCAL)
     is_local = local < NUM_LOCAL
-    rank = tl.atomic_add(cursor_ptr + local, 1, mask=is_local, sem="relaxed")
+    rank = tl.atomic_add(counts + COUNTERS + local, 1, mask=is_local, sem="relaxed")
     start = tl.sum(tl.where(es[None, :] == local[:, None], pad_end - padded, 0), axis=1)
-    tl.store(row_pair_ptr + start + rank, offs, mask=is_local)
+    tl.store(row_pair + start + rank, offs, mask=is_local)
     first_row = offs * BLOCK_M
     ended = (pad_end[None, :] <= first_row[:, None]) & (es[None, :] < NUM_LOCAL)
-    tl.store(block_expert_ptr + offs, tl.sum(ended.to(tl.int32), axis=1), mask=offs < num_blocks)
+    tl.store(block_expert + offs, tl.sum(ended.to(tl.int32), axis=1), mask=offs < num_blocks)
+
+
+@triton.jit
+def _cast_kernel(ws_ptr, acc_word, out_ptr, n, BLOCK: tl.constexpr):
+    """The fp32 accumulator at word `acc_word` of the workspace rounded to the bf16 output, BLOCK of
+    its n elements a program (the grouped kernels', and the decode kernels' without FUSED_CAST)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < n
+    tl.store(out_ptr + offs, tl.load(ws_ptr + acc_word + offs, mask=live).to(tl.bfloat16), mask=live)
 
 
 LAYOUT_BLOCK = 32  # pairs (and block_expert entries) per layout program: short programs (see the top)
 FILL_BLOCK = 128  # row_pair entries a routing program sets per store
+CAST_BLOCK = 1024  # output elements per cast program
+
+
+def rows_of(num_tokens: int, num_local: int, block_m: int) -> int:
+    """`_rows` on the host."""
+    return cdiv(num_tokens * ref.TOP_K + num_local * (block_m - 1), block_m) * block_m
+
+
+def round16(n: int) -> int:
+    """`_round16` on the host."""
+    return (n + 15) // 16 * 16
+
+
+def workspace_words(num_tokens: int, hidden: int, inter: int, num_local: int, block_m: int, *, acc: bool,
+                    fp8_y: bool | None) -> int:
+    """fp32 words of the workspace `_layout_regions` and `_y_regions` lay out (fp8_y None: no y)."""
+    rows = rows_of(num_tokens, num_local, block_m)
+    words = 2 * round16(num_tokens * ref.TOP_K) + (num_tokens * hidden if acc else 0) + round16(rows) \
+        + round16(rows // block_m) + 2 * round16(num_local + 1)
+    if fp8_y is None:
+        return words
+    if fp8_y:
+        return words + round16(rows * (inter // QBLOCK)) + rows * inter // 4
+    return words + rows * inter // 2
+
+
+def _route_layout(run: Launches, ws, routing_logits, routing_bias, local_expert_offset, routed_scaling_factor,
+                  hidden: int, num_local: int, block_m: int, acc: bool) -> None:
+    """The routing and the expert-sorted layout into `ws` (three launches through `run`; with `acc`
+    the output accumulator zeroed on the way)."""
+    num_tokens, num_experts = routing_logits.shape
+    regions = (ws, num_tokens, hidden, ref.TOP_K, num_local, block_m, acc)
+    run(_zero_counters_kernel, (1,), *regions)
+    run(_route_kernel, (num_tokens,), routing_logits, routing_bias, ws, num_tokens, int(local_expert_offset),
+        float(routed_scaling_factor), num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, hidden,
+        block_m, acc, FILL_BLOCK, num_warps=1)
+    blocks = rows_of(num_tokens, num_local, block_m) // block_m
+    run(_layout_kernel, (cdiv(max(num_tokens * ref.TOP_K, blocks), LAYOUT_BLOCK),), ws, num_tokens, hidden,
+        ref.TOP_K, num_local, next_pow2(num_local + 1), block_m, acc, LAYOUT_BLOCK)
 
 
 def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local: int,
-                        block_m: int, zero: torch.Tensor | None = None):
-    """Routing and the expert-sorted layout in three launches (a memset and two kernels), no host
-    sync: (pair weights [T * TOP_K] fp32, row_pair [rows] int32, block_expert [rows / block_m] int32);
-    the order of the pairs inside an expert's run is the atomics' order. `zero`, a contiguous fp32
-    [T, N] tensor, is zeroed on the way (a row per routing program)."""
-    num_tokens, num_experts = routing_logits.shape
-    device = routing_logits.device
-    num_pairs = num_tokens * ref.TOP_K
-    rows = cdiv(num_pairs + num_local * (block_m - 1), block_m) * block_m
-    local_pow2 = next_pow2(num_local + 1)
-    counters = torch.zeros(2, local_pow2, dtype=torch.int32, device=device)  # counts, cursors
-    weights = torch.empty(num_pairs, dtype=torch.float32, device=device)
-    local = torch.empty(num_pairs, dtype=torch.int32, device=device)
-    row_pair = torch.empty(rows, dtype=torch.int32, device=device)
-    block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=device)
-    launch(_route_kernel, (num_tokens,),
-           routing_logits.contiguous(), routing_bias.contiguous(), weights, local, counters[0], row_pair,
-           weights if zero is None else zero, int(local_expert_offset), float(routed_scaling_factor), rows,
-           cdiv(rows, num_tokens), 0 if zero is None else zero.shape[1],
-           num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, FILL_BLOCK, zero is not None, num_warps=1)
-    launch(_layout_kernel, (cdiv(max(num_pairs, rows // block_m), LAYOUT_BLOCK),),
-           local, counters[0], counters[1], row_pair, block_expert, num_pairs, rows // block_m,
-           num_local, local_pow2, block_m, LAYOUT_BLOCK)
-    return weights, row_pair, block_expert
+                        block_m: int):
+    """Routing and the expert-sorted layout on their own (the DeepGEMM variants'), no host sync: (pair
+    weights [T * TOP_K] fp32, row_pair [rows] int32, block_expert [rows / block_m] int32), views of
+    one workspace."""
+    num_tokens = routing_logits.shape[0]
+    logits, bias = routing_logits.contiguous(), routing_bias.contiguous()
+    ws = torch.empty(workspace_words(num_tokens, 0, 0, num_local, block_m, acc=False, fp8_y=None),
+                     dtype=torch.float32, device=logits.device)
+    run = Launches((*call_key("moe_fp8 route_layout", logits, bias), num_tokens, num_local, block_m,
+                    int(local_expert_offset)))
+    _route_layout(run, ws, logits, bias, local_expert_offset, routed_scaling_factor, 0, num_local, block_m, False)
+    pairs16, rows = round16(num_tokens * ref.TOP_K), rows_of(num_tokens, num_local, block_m)
+    return (ws[:num_tokens * ref.TOP_K], ws[2 * pairs16:2 * pairs16 + rows].view(torch.int32),
+            ws[2 * pairs16 + round16(rows):2 * pairs16 + round16(rows) + rows // block_m].view(torch.int32))
 
 
 def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
@@ -313,27 +435,29 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
         raise ValueError("an FP8 intermediate needs 128-wide gate/up tiles (one scale block per tile)")
     if dot_fp32 is None:
         dot_fp32 = device.type != "cuda"
+    fp8_y, dot_fp32 = bool(fp8_y), bool(dot_fp32)
+    out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
     if num_tokens == 0:
-        return torch.empty(0, hidden, dtype=torch.bfloat16, device=device)
-    out = torch.empty(num_tokens, hidden, dtype=torch.float32, device=device)  # zeroed by the routing kernel
-    pair_weights, row_pair, block_expert = _fused_route_layout(
-        routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local, block_m, zero=out)
-    rows = row_pair.numel()
-
-    x = hidden_states.contiguous()
-    x_scale = hidden_states_scale.contiguous()
-    y = torch.empty(rows, inter, dtype=torch.float8_e4m3fn if fp8_y else torch.bfloat16, device=device)
-    y_scale = torch.empty(rows, inter // QBLOCK, dtype=torch.float32, device=device) if fp8_y else y
+        return out
+    inputs = (routing_logits.contiguous(), routing_bias.contiguous(), hidden_states.contiguous(),
+              hidden_states_scale.contiguous(), gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(),
+              gemm2_weights.contiguous(), gemm2_weights_scale.contiguous())
+    logits, bias, x, x_scale, w13, w13_scale, w2, w2_scale = inputs
+    ws = torch.empty(workspace_words(num_tokens, hidden, inter, num_local, block_m, acc=True, fp8_y=fp8_y),
+                     dtype=torch.float32, device=device)
+    run = Launches((*call_key("moe_fp8 grouped", *inputs), num_tokens, hidden, inter, num_local, logits.shape[1],
+                    int(local_expert_offset), block_m, block_n1, block_n2, num_warps, num_stages, fp8_y, dot_fp32))
+    _route_layout(run, ws, logits, bias, local_expert_offset, routed_scaling_factor, hidden, num_local, block_m, True)
+    blocks = rows_of(num_tokens, num_local, block_m) // block_m
     # the constexprs both GEMMs take after their runtime arguments
     shape = (hidden, inter, ref.TOP_K, num_local, block_m)
-    tail = (QBLOCK, bool(fp8_y), bool(dot_fp32))
-    launch(_gemm1_swiglu_kernel, (rows // block_m, inter // block_n1),
-           x, x_scale, gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(), row_pair, block_expert,
-           y, y_scale, num_tokens, *shape, block_n1, *tail, num_warps=num_warps, num_stages=num_stages)
-    launch(_gemm2_scatter_kernel, (rows // block_m, hidden // block_n2),
-           y, y_scale, gemm2_weights.contiguous(), gemm2_weights_scale.contiguous(), row_pair, pair_weights,
-           block_expert, out, *shape, block_n2, *tail, num_warps=num_warps, num_stages=num_stages)
-    return out.to(torch.bfloat16)
+    run(_gemm1_swiglu_kernel, (blocks, inter // block_n1), x, x_scale, w13, w13_scale, ws, num_tokens, *shape,
+        block_n1, QBLOCK, fp8_y, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+    run(_gemm2_scatter_kernel, (blocks, hidden // block_n2), w2, w2_scale, ws, num_tokens, *shape, block_n2,
+        QBLOCK, fp8_y, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+    run(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, 2 * round16(num_tokens * ref.TOP_K), out,
+        num_tokens * hidden, CAST_BLOCK)
+    return out
 
 
 # Tile configurations, from `python benchmarks/moe.py --sweep` (H100, 2026-11-22): 16-row blocks with

@@ -1,0 +1,87 @@
+"""The MoE Triton kernels of an earlier revision beside the working tree's, in one run: CUDA-graph time
+(input sets rotated past the L2, as the tuner times), eager time (host + device of single
+synchronised calls) and host time until the call returns, per token count and configuration; the
+outputs of both compared. For a change that should cut host time without costing device time.
+
+The earlier modules are read from a folder (the GPU machine has no git): on the dev box,
+
+    mkdir -p /tmp/moe-old && git show REV:kernels/triton/moe/fp8_grouped.py | sed '/^def _register/,$d' \\
+        > /tmp/moe-old/old_grouped.py && git show REV:kernels/triton/moe/fp8_decode.py | sed '/^@variant(/,$d' \\
+        | sed 's/from kdispatch.kernels.triton.moe.fp8_grouped import/from old_grouped import/' \\
+        > /tmp/moe-old/old_decode.py
+
+(their registrations cut: the registry holds the working tree's), copied into the tree, then
+
+    python benchmarks/moe_host_ab.py --old moe-old [--seq-lens 1 8 32 128 512 2048]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+
+import torch
+
+from kdispatch import registry
+from kdispatch.tuner import timing
+from kdispatch.workloads import SimpleWorkload, materialize
+
+DEF = "moe_fp8"
+GROUPED = ["triton_grouped_m16.fr", "triton_grouped_m32q.fr", "triton_grouped_m64q.fr"]
+DECODE = ["n128s4q", "n64s4qc"]
+
+
+def host_us(fn, sets, calls: int = 40) -> float:
+    """Median host microseconds until `fn` returns, after a sync."""
+    samples = []
+    for i in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*sets[i % len(sets)])
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", required=True, help="folder holding old_grouped.py and old_decode.py")
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 128, 512, 2048])
+    opts = ap.parse_args()
+    sys.path.insert(0, opts.old)
+    old_grouped, old_decode = importlib.import_module("old_grouped"), importlib.import_module("old_decode")
+    from kdispatch.kernels.triton.moe import fp8_decode, fp8_grouped
+
+    registry.discover()
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    print(f"# benchmarks/moe_host_ab.py on {torch.cuda.get_device_name()}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: old -> new, us per call")
+    for seq_len in opts.seq_lens:
+        args = list(materialize(DEF, SimpleWorkload({"seq_len": seq_len}, uuid=f"ab-{seq_len}"), device="cuda",
+                                seed=0))
+        sets = timing.input_sets(DEF, args, l2, max_sets=16)
+        cases = [(name, old_grouped.moe_fp8_grouped, fp8_grouped.moe_fp8_grouped, fp8_grouped.CONFIGS[name])
+                 for name in GROUPED]
+        if seq_len <= fp8_decode.MAX_TOKENS:
+            cases += [(f"triton_decode.{label}", old_decode.moe_fp8_decode, fp8_decode.moe_fp8_decode,
+                       fp8_decode.CONFIGS[label]) for label in DECODE]
+        for name, old_fn, new_fn, config in cases:
+            pair = {"old": lambda *a, f=old_fn: f(*a, **config), "new": lambda *a, f=new_fn: f(*a, **config)}
+            old_out, new_out = pair["old"](*args).float(), pair["new"](*args).float()
+            diff, scale = (old_out - new_out).abs().max().item(), old_out.abs().max().item()
+            finite = bool(torch.isfinite(new_out).all())
+            t = {}
+            for tag, fn in pair.items():
+                graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
+                eager = statistics.median(timing.eager_times_us(fn, sets, 40))
+                t[tag] = (graph, eager, eager - graph, host_us(fn, sets))
+            cols = " ".join(f"{what} {t['old'][i]:7.1f} -> {t['new'][i]:7.1f} "
+                            for i, what in enumerate(("graph", "eager", "eager-graph", "host")))
+            print(f"T={seq_len:5d} {name:24s} {cols} max|old-new| {diff:.3g} of {scale:.3g}, finite {finite}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
