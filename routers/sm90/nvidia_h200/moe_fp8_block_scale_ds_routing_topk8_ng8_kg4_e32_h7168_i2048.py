@@ -6,30 +6,30 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T21:32:42Z
+# measured    up to 2026-11-28T23:12:59Z
 # workloads   39 (workload-set digest 233c4d03e8d34141)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  39/39  1.00x
-#   deepgemm_contiguous     f70dbe746962a65f  39/39  0.31x  [39 not graph-safe]
-#   deepgemm_fused          3219e43119bb92a2  39/39  0.65x  [39 not graph-safe]
-#   deepgemm_fused_bound    ea05fb8ecd8c7999  39/39  1.49x
-#   deepgemm_masked         5f3c1b2f75c9cbb4  26/26  0.75x
-#   triton_decode.n128s4q   d4f8d17d33e032e7  12/12  1.48x
-#   triton_decode.n128s8    3ac06916653011e3  12/12  1.30x
-#   triton_decode.n128s8q   f2ea1d2c02407de1  12/12  1.45x
-#   triton_decode.n128s8qc  02d1a4e94b7dc4ba  12/12  1.45x
-#   triton_decode.n32s8     40d397ff1d617d23  10/12  1.03x  [2 screened out]
-#   triton_decode.n64s4     b14a731b08ad5a68  12/12  1.29x
-#   triton_decode.n64s4q    950d4902d65d8150  12/12  1.44x
-#   triton_decode.n64s4qc   1246194a744ca0b5  12/12  1.44x
-#   triton_decode.n64s8     d5aecffa9c3f0070  12/12  1.20x
-#   triton_decode.n64s8q    ece826692c4c0d33  12/12  1.33x
-#   triton_grouped_m16.fr   61a6c0dac620371e  39/39  0.97x
-#   triton_grouped_m32.fr   688c584f6dc75586  39/39  1.03x
-#   triton_grouped_m32q.fr  e9f5e57e692ab60e  39/39  1.21x
-#   triton_grouped_m64.fr   2f268a68b3d51ce8  39/39  0.99x
-#   triton_grouped_m64q.fr  02cb0acc0819318b  39/39  1.27x
+#   deepgemm_contiguous     ff3f2ac4c88db148  0/39  -  [39 screened out]
+#   deepgemm_fused          78a495ff1f85d2ff  23/39  1.19x  [16 screened out]  [23 not graph-safe]
+#   deepgemm_fused_bound    2bc51e5139672b39  37/39  1.52x  [2 screened out]
+#   deepgemm_masked         e42a5c00584e17ef  19/26  0.85x  [7 screened out]
+#   triton_decode.n128s4q   40a19f633c8e72a2  12/12  1.52x
+#   triton_decode.n128s8    a8f064eb3f2023c5  12/12  1.32x
+#   triton_decode.n128s8q   6c91d9c03938a48d  12/12  1.48x
+#   triton_decode.n128s8qc  ca79cc3f7bd7020a  12/12  1.49x
+#   triton_decode.n32s8     61e9cdadbda5165b  10/12  1.05x  [2 screened out]
+#   triton_decode.n64s4     ac4c0287cd315b77  12/12  1.31x
+#   triton_decode.n64s4q    d957ade48d3333d3  12/12  1.48x
+#   triton_decode.n64s4qc   9452994a53aa3997  12/12  1.47x
+#   triton_decode.n64s8     138a62c8bb95722d  12/12  1.22x
+#   triton_decode.n64s8q    5c5ece7d7160bc4c  12/12  1.35x
+#   triton_grouped_m16.fr   f54b017d57daecc0  27/39  1.23x  [12 screened out]
+#   triton_grouped_m32.fr   472f5322783fa8d4  29/39  1.18x  [10 screened out]
+#   triton_grouped_m32q.fr  5dc1c18f0b87c37a  30/39  1.33x  [9 screened out]
+#   triton_grouped_m64.fr   56be9ebf85af354a  30/39  0.99x  [9 screened out]
+#   triton_grouped_m64q.fr  63f99dd148ba65dc  36/39  1.27x  [3 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s4q   block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
@@ -46,40 +46,36 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.70% mean, 14.10% max;
-#             2.331x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.02% mean, 19.52% max;
-#             3.008x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.79% mean, 17.28% max;
+#             2.327x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.23% mean, 35.84% max;
+#             3.476x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 1.98x (1.66x .. 2.27x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s8q, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
-#   2. 2 < seq_len <= 9: triton_decode.n64s4qc, 3 workloads, 1.21x (1.12x .. 1.26x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n64s8q
-#   3. 9 < seq_len <= 40: triton_decode.n128s4q, 6 workloads, 1.47x (1.23x .. 1.83x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_decode.n128s8qc, triton_grouped_m32q.fr, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
-#   4. 40 < seq_len <= 837: triton_grouped_m32q.fr, 14 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
-#   5. seq_len > 837: deepgemm_fused_bound, 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 2.01x (1.69x .. 2.31x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s8q, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
+#   2. 2 < seq_len <= 9: triton_decode.n64s4q, 3 workloads, 1.25x (1.16x .. 1.31x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8
+#   3. 9 < seq_len <= 40: triton_decode.n128s4q, 6 workloads, 1.51x (1.26x .. 1.89x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_decode.n128s8qc, triton_grouped_m32q.fr, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8q, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
+#   4. 40 < seq_len <= 864: triton_grouped_m32q.fr, 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
+#   5. seq_len > 864: deepgemm_fused_bound, 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 15: triton_decode.n64s4q, 8 workloads, 5.20x (3.02x .. 11.40x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n64s8q, triton_decode.n128s8qc, triton_decode.n64s4, triton_decode.n64s8, triton_decode.n128s8, triton_decode.n32s8, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m32q.fr, triton_grouped_m64.fr
-#   2. 15 < seq_len <= 40: triton_decode.n128s4q, 4 workloads, 6.29x (4.10x .. 8.81x) over sglang_triton_moe; then triton_decode.n128s8q, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused, deepgemm_contiguous, deepgemm_masked
-#   3. 40 < seq_len <= 55: triton_grouped_m32q.fr, 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   4. 55 < seq_len <= 59: triton_grouped_m16.fr, 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   5. 59 < seq_len <= 1384: triton_grouped_m32q.fr, 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   6. seq_len > 1384: deepgemm_fused_bound, 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   1. seq_len <= 2: triton_decode.n64s8, 3 workloads, 9.90x (7.85x .. 13.98x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n128s8q, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n128s8qc, triton_decode.n32s8, triton_decode.n64s4qc, triton_decode.n128s4q
+#   2. 2 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.57x (2.84x .. 10.88x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   3. 40 < seq_len <= 1447: triton_grouped_m32q.fr, 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   4. seq_len > 1447: deepgemm_fused_bound, 11 workloads, 3.25x (2.54x .. 3.81x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.66, 1.98, 2.27), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
-    {'region': 2, 'variant': 'triton_decode.n64s4qc', 'bounds': {'seq_len': (2, 9)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.26), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q')},
-    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (9, 40)}, 'workloads': 6, 'speedup': (1.23, 1.47, 1.83), 'fallbacks': ('triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 837)}, 'workloads': 14, 'speedup': (1.29, 1.37, 1.5), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
-    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (837, None)}, 'workloads': 13, 'speedup': (1.56, 2.55, 3.1), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.69, 2.01, 2.31), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
+    {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (2, 9)}, 'workloads': 3, 'speedup': (1.16, 1.25, 1.31), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8')},
+    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (9, 40)}, 'workloads': 6, 'speedup': (1.26, 1.51, 1.89), 'fallbacks': ('triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 864)}, 'workloads': 14, 'speedup': (1.32, 1.41, 1.55), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
+    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (864, None)}, 'workloads': 13, 'speedup': (1.56, 2.53, 2.99), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (None, 15)}, 'workloads': 8, 'speedup': (3.02, 5.2, 11.4), 'fallbacks': ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n128s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (15, 40)}, 'workloads': 4, 'speedup': (4.1, 6.29, 8.81), 'fallbacks': ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 55)}, 'workloads': 4, 'speedup': (1.98, 2.1, 2.28), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (55, 59)}, 'workloads': 4, 'speedup': (2.16, 2.23, 2.27), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (59, 1384)}, 'workloads': 8, 'speedup': (2.19, 2.55, 3.13), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1384, None)}, 'workloads': 11, 'speedup': (2.51, 2.96, 3.43), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 1, 'variant': 'triton_decode.n64s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (7.85, 9.9, 13.98), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n128s8qc', 'triton_decode.n32s8', 'triton_decode.n64s4qc', 'triton_decode.n128s4q')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.84, 5.57, 10.88), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1447)}, 'workloads': 16, 'speedup': (2.27, 3.02, 4.19), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1447, None)}, 'workloads': 11, 'speedup': (2.54, 3.25, 3.81), 'fallbacks': ('deepgemm_fused',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -87,42 +83,36 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 1.98x (1.66x .. 2.27x) over sglang_triton_moe
+    # region 1: 3 workloads, 2.01x (1.69x .. 2.31x) over sglang_triton_moe
     if seq_len <= 2:
         return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
-    # region 2: 3 workloads, 1.21x (1.12x .. 1.26x) over sglang_triton_moe
+    # region 2: 3 workloads, 1.25x (1.16x .. 1.31x) over sglang_triton_moe
     if 2 < seq_len <= 9:
-        return ('triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q') if inside else 'triton_decode.n64s4qc'
-    # region 3: 6 workloads, 1.47x (1.23x .. 1.83x) over sglang_triton_moe
+        return ('triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8') if inside else 'triton_decode.n64s4q'
+    # region 3: 6 workloads, 1.51x (1.26x .. 1.89x) over sglang_triton_moe
     if 9 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
-    # region 4: 14 workloads, 1.37x (1.29x .. 1.50x) over sglang_triton_moe
-    if 40 < seq_len <= 837:
+        return ('triton_decode.n128s4q', 'triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 4: 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe
+    if 40 < seq_len <= 864:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 5: 13 workloads, 2.55x (1.56x .. 3.10x) over sglang_triton_moe
-    if seq_len > 837:
-        return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
+    # region 5: 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
+    if seq_len > 864:
+        return 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 5.20x (3.02x .. 11.40x) over sglang_triton_moe
-    if seq_len <= 15:
-        return ('triton_decode.n64s4q', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n128s8', 'triton_decode.n32s8', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n64s4q'
-    # region 2: 4 workloads, 6.29x (4.10x .. 8.81x) over sglang_triton_moe
-    if 15 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused', 'deepgemm_contiguous', 'deepgemm_masked') if inside else 'triton_decode.n128s4q'
-    # region 3: 4 workloads, 2.10x (1.98x .. 2.28x) over sglang_triton_moe
-    if 40 < seq_len <= 55:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 4 workloads, 2.23x (2.16x .. 2.27x) over sglang_triton_moe
-    if 55 < seq_len <= 59:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
-    # region 5: 8 workloads, 2.55x (2.19x .. 3.13x) over sglang_triton_moe
-    if 59 < seq_len <= 1384:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
-    # region 6: 11 workloads, 2.96x (2.51x .. 3.43x) over sglang_triton_moe
-    if seq_len > 1384:
-        return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'
+    # region 1: 3 workloads, 9.90x (7.85x .. 13.98x) over sglang_triton_moe
+    if seq_len <= 2:
+        return ('triton_decode.n64s8', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n128s8qc', 'triton_decode.n32s8', 'triton_decode.n64s4qc', 'triton_decode.n128s4q') if inside else 'triton_decode.n64s8'
+    # region 2: 9 workloads, 5.57x (2.84x .. 10.88x) over sglang_triton_moe
+    if 2 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 3: 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe
+    if 40 < seq_len <= 1447:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 11 workloads, 3.25x (2.54x .. 3.81x) over sglang_triton_moe
+    if seq_len > 1447:
+        return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
