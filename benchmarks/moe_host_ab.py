@@ -8,9 +8,10 @@ The earlier modules are read from a folder (the GPU machine has no git): on the 
     mkdir -p /tmp/moe-old && git show REV:kernels/triton/moe/fp8_grouped.py | sed '/^def _register/,$d' \\
         > /tmp/moe-old/old_grouped.py && git show REV:kernels/triton/moe/fp8_decode.py | sed '/^@variant(/,$d' \\
         | sed 's/from kdispatch.kernels.triton.moe.fp8_grouped import/from old_grouped import/' \\
-        > /tmp/moe-old/old_decode.py
+        > /tmp/moe-old/old_decode.py && sed -i 's/call_key("moe_fp8 /call_key("old moe_fp8 /' /tmp/moe-old/*.py
 
-(their registrations cut: the registry holds the working tree's), copied into the tree, then
+(their registrations cut: the registry holds the working tree's; their launch keys renamed: two
+kernels of one name under one key are refused), copied into the tree, then
 
     python benchmarks/moe_host_ab.py --old moe-old [--seq-lens 1 8 32 128 512 2048]
 """
