@@ -13,7 +13,11 @@ The earlier modules are read from a folder (the GPU machine has no git): on the 
 (their registrations cut: the registry holds the working tree's; their launch keys renamed: two
 kernels of one name under one key are refused), copied into the tree, then
 
-    python benchmarks/moe_host_ab.py --old moe-old [--seq-lens 1 8 32 128 512 2048]
+    python benchmarks/moe_host_ab.py --old moe-old [--seq-lens 1 8 32 128 512 2048] [--rounds 3]
+
+With --rounds N the two revisions are timed N times in alternation (old first in odd rounds, new first in
+even ones) and each column is the median over rounds, with the graph times' spread over rounds printed:
+at 8-16k tokens one round's graph time moves by several percent, more than the change being measured.
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="folder holding old_grouped.py and old_decode.py")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 128, 512, 2048])
+    ap.add_argument("--rounds", type=int, default=1, help="alternating timing rounds per case")
     opts = ap.parse_args()
     sys.path.insert(0, opts.old)
     old_grouped, old_decode = importlib.import_module("old_grouped"), importlib.import_module("old_decode")
@@ -73,15 +78,23 @@ def main() -> None:
             old_out, new_out = pair["old"](*args).float(), pair["new"](*args).float()
             diff, scale = (old_out - new_out).abs().max().item(), old_out.abs().max().item()
             finite = bool(torch.isfinite(new_out).all())
-            t = {}
-            for tag, fn in pair.items():
-                graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
-                eager = statistics.median(timing.eager_times_us(fn, sets, 40))
-                t[tag] = (graph, eager, eager - graph, host_us(fn, sets))
+            rounds = {"old": [], "new": []}
+            for r in range(opts.rounds):
+                for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    fn = pair[tag]
+                    graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
+                    eager = statistics.median(timing.eager_times_us(fn, sets, 40))
+                    rounds[tag].append((graph, eager, eager - graph, host_us(fn, sets)))
+            t = {tag: [statistics.median(col) for col in zip(*rows)] for tag, rows in rounds.items()}
             cols = " ".join(f"{what} {t['old'][i]:7.1f} -> {t['new'][i]:7.1f} "
                             for i, what in enumerate(("graph", "eager", "eager-graph", "host")))
-            print(f"T={seq_len:5d} {name:24s} {cols} max|old-new| {diff:.3g} of {scale:.3g}, finite {finite}",
-                  flush=True)
+            spread = ""
+            if opts.rounds > 1:
+                spread = " graph spread " + " / ".join(
+                    f"{100 * (max(g) - min(g)) / min(g):.1f}%" for g in
+                    ([row[0] for row in rounds["old"]], [row[0] for row in rounds["new"]]))
+            print(f"T={seq_len:5d} {name:24s} {cols} max|old-new| {diff:.3g} of {scale:.3g}, finite {finite}"
+                  f"{spread}", flush=True)
 
 
 if __name__ == "__main__":
