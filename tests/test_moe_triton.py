@@ -139,7 +139,8 @@ DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 
 @pytest.mark.parametrize("T,seed,label,inter", [(1, 0, "n32s8", 128), (6, 1, "n64s4q", 256), (32, 6, "n128s8", 128),
                                                 (3, 2, "n128s8q", 128), (5, 7, "n64s4qc", 256),
-                                                (12, 4, "n128s4q", 256)])
+                                                (12, 4, "n128s4q", 256), (9, 8, "n64s4qf", 256),
+                                                (2, 10, "n128s8qf", 128)])
 def test_decode_matches_dense_formula(T, seed, label, inter, poisoned_buffers):
     """The decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
     empty splits must add nothing; an intermediate size of 256 gives the FP8 down projection two
@@ -161,7 +162,7 @@ def test_decode_refuses_what_it_cannot_hold(poisoned_buffers):
         DECODE.moe_fp8_decode(*_inputs(DECODE.MAX_TOKENS + 1, 0), **DECODE.CONFIGS["n32s8"])
     args = _inputs(4, 3, offset=64)
     args[8] = 1000  # no global expert id lands on this rank
-    for label in ("n64s4", "n64s4qc"):
+    for label in ("n64s4", "n64s4qc", "n128s4qf"):
         assert (DECODE.moe_fp8_decode(*args, **DECODE.CONFIGS[label]) == 0).all()
 
 

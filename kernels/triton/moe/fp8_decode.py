@@ -25,12 +25,22 @@ bf16 output and one workspace, `_workspace`), no host sync (capturable):
    into the fp32 output; the last program of an N tile rounds its columns to the bf16 result (or,
    with `fused_cast` off, a fourth launch rounds the whole output).
 
+With `fused_gemms` (the "f" configurations) steps 2 and 3 are one launch, `_gemms_kernel`: a
+program takes an up/gate tile or, after all of those, a down tile by ticket, and a down tile waits
+(polling) until the blocks of y it reads are written. One launch fewer cuts host time (5-20 us a call
+eagerly), but one run on an H200 (benchmarks/results/moe-fused-gemms-ab-H200.txt) found its graph time
+mixed: up to 15% faster at some batch sizes and routings, up to 18% slower at others, 9-27% slower
+at 32 tokens (the compiled kernel's 200 registers a thread against gemm1's 168: two programs an SM instead of
+three); so the tuner weighs both per call mode.
+
 Eager calls are bound by host time at these sizes (the GPU finishes each kernel before the next is
 launched): until 2026-11-28 the memset, the activation kernel and the cast were launches of their
 own and the buffers four allocations (benchmarks/results/moe-profile-*.txt: 140-170 us of host time
 per call on the GPU machine); then the launches were keyed one by one (`launch`, ~14 us each beyond
 Triton's launcher), and since keyed once per call (kernels/triton/launches.py): n128s4q 56-109 ->
-44-62 us (H200, one run: benchmarks/results/moe-host-ab-H200.txt).
+44-62 us (H200, one run: benchmarks/results/moe-host-ab-H200.txt). A launch through libcuda's
+cuLaunchKernel by ctypes, its parameters packed ahead, took 8.2 us against Triton's launcher's 8.0 on
+that host (2026-11-28): the launcher is not what to cut; launches are.
 
 Measured on an H100 (2026-11-26, benchmarks/results/moe-profile-H100.txt, one run, CUDA-graph time
 per call): 1 token 53 us (n128s8) against 75 for SGLang's fused MoE and 79 for the grouped kernels
@@ -63,14 +73,15 @@ MAX_TOKENS = 32  # the widest M tile (one row per token) the programs hold
 
 
 @triton.jit
-def _slot_expert(local_ptr, num_pairs, PAIRS: tl.constexpr, NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr):
-    """(The local expert of this program's slot (program_id 2): the slot-th of the experts some pair
-    reached, in expert order, -1 past the last one; how many experts some pair reached)."""
+def _slot_expert(local_ptr, num_pairs, slot, PAIRS: tl.constexpr, NUM_LOCAL: tl.constexpr,
+                 LOCAL_POW2: tl.constexpr):
+    """(The local expert of a slot: the slot-th (from 0) of the experts some pair reached, in expert
+    order, -1 past the last one; how many experts some pair reached)."""
     offs_p = tl.arange(0, PAIRS)
     local = tl.load(local_ptr + offs_p, mask=offs_p < num_pairs, other=-1)
     es = tl.arange(0, LOCAL_POW2)
     hit = tl.max((local[:, None] == es[None, :]).to(tl.int32), axis=0)  # [LOCAL_POW2]: no pair is NUM_LOCAL+
-    chosen = (hit > 0) & (tl.cumsum(hit, axis=0) == tl.program_id(2) + 1)
+    chosen = (hit > 0) & (tl.cumsum(hit, axis=0) == slot + 1)
     expert = tl.sum(tl.where(chosen, es, 0), axis=0) - (tl.sum(chosen.to(tl.int32), axis=0) == 0).to(tl.int32)
     return expert, tl.sum(hit, axis=0)
 
@@ -164,20 +175,22 @@ def _silu_mul_block(h_ptr, y_ptr, y_scale_ptr, pair, has, blk, INTER: tl.constex
 
 
 @triton.jit
-def _gemm1_splitk_kernel(
-    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
+def _gemm1_tile(
+    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, pid_n, split, slot,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
+    SIGNAL_Y: tl.constexpr,
 ):
+    """Up/gate tile (pid_n, split) of the slot's expert; the last of a 128-column block's programs
+    writes that block of y and, with SIGNAL_Y, counts once more when y is written (what the fused
+    kernel's down-GEMM tiles wait for)."""
     _, local_ptr, _, h_ptr, y_scale_ptr, y_ptr, counts = _workspace(
         ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
-    e, _hits = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
+    e, _hits = _slot_expert(local_ptr, num_tokens * TOP_K, slot, PAIRS, NUM_LOCAL, LOCAL_POW2)
     if e < 0:
         return
     t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
     e64 = e.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, QB)
@@ -218,23 +231,40 @@ def _gemm1_splitk_kernel(
     # thread's adds before it, as Triton's stream-K kernels hand over partial tiles).
     tl.debug_barrier()
     blk = pid_n * BLOCK_N // QB
-    arrived = tl.atomic_add(counts + tl.program_id(2) * (INTER // QB) + blk, 1, sem="acq_rel")
+    arrived = tl.atomic_add(counts + slot * (INTER // QB) + blk, 1, sem="acq_rel")
     if arrived == SPLIT_K * (QB // BLOCK_N) - 1:
         _silu_mul_block(h_ptr, y_ptr, y_scale_ptr, pair, has, blk, INTER, QB, FP8_DOWN, DOT_FP32)
+        if SIGNAL_Y:
+            tl.debug_barrier()
+            tl.atomic_add(counts + slot * (INTER // QB) + blk, 1, sem="release")
 
 
 @triton.jit
-def _gemm2_kernel(
-    w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens,
+def _gemm1_splitk_kernel(
+    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
-    FUSED_CAST: tl.constexpr,
 ):
+    _gemm1_tile(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, tl.program_id(0),
+                tl.program_id(1), tl.program_id(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
+                BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, False)
+
+
+@triton.jit
+def _gemm2_tile(
+    w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, pid_n, split, slot, slots,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+    LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
+    FUSED_CAST: tl.constexpr, Y_READY: tl.constexpr,
+):
+    """Down tile (pid_n, split) of the slot's expert, added into the fp32 output; with Y_READY > 0 it
+    first waits until each 128-column block of y it reads has that count (the fused kernel: y is
+    written by up/gate tiles of the same launch)."""
     pair_weight_ptr, local_ptr, acc_ptr, _, y_scale_ptr, y_ptr, counts = _workspace(
         ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
-    e, hits = _slot_expert(local_ptr, num_tokens * TOP_K, PAIRS, NUM_LOCAL, LOCAL_POW2)
-    pid_n = tl.program_id(0)
+    e, hits = _slot_expert(local_ptr, num_tokens * TOP_K, slot, PAIRS, NUM_LOCAL, LOCAL_POW2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if e >= 0:
         t, has, pair = _expert_rows(local_ptr, e, num_tokens, TOKENS, TOP_K)
@@ -242,7 +272,16 @@ def _gemm2_kernel(
         offs_k = tl.arange(0, QB)
         KB: tl.constexpr = INTER // QB
         STEPS: tl.constexpr = (KB + SPLIT_K - 1) // SPLIT_K
-        kb0 = tl.program_id(1) * STEPS
+        kb0 = split * STEPS
+        if Y_READY > 0:
+            # volatile loads poll the L2 copy; one acquire then orders the reads of y after them
+            y_counts = counts + slot * KB
+            for i in range(STEPS):
+                kbc = tl.minimum(kb0 + i, KB - 1)
+                seen = tl.load(y_counts + kbc, volatile=True)
+                while seen < Y_READY:
+                    seen = tl.load(y_counts + kbc, volatile=True)
+            tl.atomic_add(y_counts + tl.minimum(kb0, KB - 1), 0, sem="acquire")
         y_ptrs = y_ptr + pair[:, None].to(tl.int64) * INTER + offs_k[None, :]
         w_ptrs = w2_ptr + e64 * (HIDDEN * INTER) + offs_n[:, None] * INTER + offs_k[None, :]
         scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
@@ -253,14 +292,17 @@ def _gemm2_kernel(
             kb = kb0 + i
             kbc = tl.minimum(kb, KB - 1)
             live = has & (t * 0 + kb < KB)
-            y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0)
+            if Y_READY > 0:  # written in this launch by another SM: read from the L2
+                y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0, cache_modifier=".cg")
+            else:
+                y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0)
             w = tl.load(w_ptrs + kbc * QB)
             if DOT_FP32:
                 y, w = y.to(tl.float32), w.to(tl.float32)
             elif not FP8_DOWN:
                 w = w.to(tl.bfloat16)
             if FP8_DOWN:  # FP8 x FP8 on the tensor cores, both scales applied per block
-                y_scale = tl.load(y_scale_ptr + pair * KB + kbc, mask=live, other=0.0)
+                y_scale = tl.load(y_scale_ptr + pair * KB + kbc, mask=live, other=0.0, cache_modifier=".cg")
                 acc += tl.dot(y, tl.trans(w)) * (y_scale[:, None] * tl.load(scale_ptr + kbc))
             else:
                 acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
@@ -273,17 +315,59 @@ def _gemm2_kernel(
         # The programs of hit slots count in: the last of this N tile's rounds its columns of the fp32
         # output to the bf16 result, in place of a cast launch (with no expert hit, slot 0's first
         # split rounds the zeroed output). Programs of unhit slots exit without counting.
-        last = (hits == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+        last = (hits == 0) & (split == 0) & (slot == 0)
         if e >= 0:
             tl.debug_barrier()
-            arrived = tl.atomic_add(counts + tl.num_programs(2) * (INTER // QB) + pid_n, 1, sem="acq_rel")
-            last = arrived == tl.num_programs(1) * hits - 1
+            arrived = tl.atomic_add(counts + slots * (INTER // QB) + pid_n, 1, sem="acq_rel")
+            last = arrived == SPLIT_K * hits - 1
         if last:
             rows = tl.arange(0, TOKENS)
             offs = rows[:, None].to(tl.int64) * HIDDEN + offs_n[None, :]
             live = rows[:, None] < num_tokens
             total = tl.load(acc_ptr + offs, mask=live, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + offs, total.to(tl.bfloat16), mask=live)
+
+
+@triton.jit
+def _gemm2_kernel(
+    w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+    LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
+    FUSED_CAST: tl.constexpr,
+):
+    _gemm2_tile(w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, tl.program_id(0), tl.program_id(1),
+                tl.program_id(2), tl.num_programs(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
+                BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, 0)
+
+
+@triton.jit
+def _gemms_kernel(
+    x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, slots,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
+    LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N1: tl.constexpr,
+    SPLIT_K1: tl.constexpr, BLOCK_N2: tl.constexpr, SPLIT_K2: tl.constexpr, QB: tl.constexpr,
+    FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, FUSED_CAST: tl.constexpr,
+):
+    """Both GEMMs in one launch, a program per up/gate tile then per down tile. A program takes its
+    tile by ticket (an atomic count the routing kernel zeroes), slot by slot: a down tile waits only
+    on up/gate tiles with smaller tickets, which programs already running hold, so the waits end
+    whatever order the hardware starts programs in (and under the interpreter, which runs them one by
+    one)."""
+    _, _, _, _, _, _, counts = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
+    ticket = tl.atomic_add(counts + slots * (INTER // QB) + HIDDEN // BLOCK_N2, 1, sem="relaxed")
+    N1: tl.constexpr = INTER // BLOCK_N1
+    N2: tl.constexpr = HIDDEN // BLOCK_N2
+    up_tiles = N1 * SPLIT_K1 * slots
+    if ticket < up_tiles:
+        _gemm1_tile(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, ticket % N1,
+                    ticket // N1 % SPLIT_K1, ticket // (N1 * SPLIT_K1), HIDDEN, INTER, TOP_K, NUM_LOCAL,
+                    LOCAL_POW2, PAIRS, TOKENS, BLOCK_N1, SPLIT_K1, QB, FP8_DOWN, DOT_FP32, True)
+    else:
+        r = ticket - up_tiles
+        _gemm2_tile(w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, r % N2, r // N2 % SPLIT_K2,
+                    r // (N2 * SPLIT_K2), slots, HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
+                    BLOCK_N2, SPLIT_K2, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, SPLIT_K1 * (QB // BLOCK_N1) + 1)
 
 
 ZERO_CHUNK = 4096  # accumulator words a routing program zeroes (a token's are 7168 + 8 * 4096 at full size)
@@ -301,7 +385,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
                    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                    routed_scaling_factor, *, block_n1: int, block_n2: int, split_k: int, split_k2: int,
                    num_warps: int, num_stages: int, fp8_down: bool = False, fused_cast: bool = True,
-                   dot_fp32: bool | None = None):
+                   fused_gemms: bool = False, dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts for up to MAX_TOKENS tokens; returns [T, HIDDEN] bf16. Any
     HIDDEN and intermediate size that are multiples of 128 (the tests use small ones)."""
     num_tokens, hidden = hidden_states.shape
@@ -319,8 +403,8 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
         return out
     num_pairs = num_tokens * ref.TOP_K
     slots = min(num_local, num_pairs)  # at most this many experts are hit: the grid is static
-    num_counts = slots * (inter // QBLOCK) + hidden // block_n2
-    fp8_down, dot_fp32, fused_cast = bool(fp8_down), bool(dot_fp32), bool(fused_cast)
+    fp8_down, dot_fp32, fused_cast, fused_gemms = bool(fp8_down), bool(dot_fp32), bool(fused_cast), bool(fused_gemms)
+    num_counts = slots * (inter // QBLOCK) + hidden // block_n2 + fused_gemms  # + the fused kernel's ticket
     inputs = (routing_logits.contiguous(), routing_bias.contiguous(), hidden_states.contiguous(),
               hidden_states_scale.contiguous(), gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(),
               gemm2_weights.contiguous(), gemm2_weights_scale.contiguous())
@@ -329,7 +413,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
                      device=device)
     run = Launches((*call_key("moe_fp8 decode", *inputs), num_tokens, hidden, inter, num_local, logits.shape[1],
                     int(local_expert_offset), block_n1, block_n2, split_k, split_k2, num_warps, num_stages, fp8_down,
-                    fused_cast, dot_fp32))
+                    fused_cast, fused_gemms, dot_fp32))
     zero_split = cdiv(hidden + ref.TOP_K * 2 * inter, ZERO_CHUNK)
     run(_route_zero_kernel, (num_tokens, zero_split), logits, bias, ws, num_tokens, int(local_expert_offset),
         float(routed_scaling_factor), cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
@@ -338,10 +422,17 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
     # the constexprs both GEMMs take after their runtime arguments: HIDDEN .. TOKENS
     shape = (hidden, inter, ref.TOP_K, num_local, next_pow2(num_local),
              next_pow2(num_pairs), max(16, next_pow2(num_tokens)))
-    run(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots), x, x_scale, w13, w13_scale, ws, num_tokens,
-        *shape, block_n1, split_k, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps, num_stages=num_stages)
-    run(_gemm2_kernel, (hidden // block_n2, split_k2, slots), w2, w2_scale, ws, out, num_tokens, *shape, block_n2,
-        split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, num_warps=num_warps, num_stages=num_stages)
+    if fused_gemms:
+        tiles = (inter // block_n1 * split_k + hidden // block_n2 * split_k2) * slots
+        run(_gemms_kernel, (tiles,), x, x_scale, w13, w13_scale, w2, w2_scale, ws, out, num_tokens, slots, *shape,
+            block_n1, split_k, block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, num_warps=num_warps,
+            num_stages=num_stages)
+    else:
+        run(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots), x, x_scale, w13, w13_scale, ws,
+            num_tokens, *shape, block_n1, split_k, QBLOCK, fp8_down, dot_fp32, num_warps=num_warps,
+            num_stages=num_stages)
+        run(_gemm2_kernel, (hidden // block_n2, split_k2, slots), w2, w2_scale, ws, out, num_tokens, *shape,
+            block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, num_warps=num_warps, num_stages=num_stages)
     if not fused_cast:  # the accumulator follows the pair weights and local ids (`_workspace`)
         run(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, 2 * num_pairs, out, num_tokens * hidden,
             CAST_BLOCK)
@@ -361,9 +452,10 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 # rounding saved a launch's host time eagerly but made the down GEMM 3-12 us slower at 1-32 tokens in
 # graphs (benchmarks/results/moe-profile-H200.txt, when every program, of unhit slots too, counted in
 # behind a barrier and an acquire-release atomic; now only hit slots' programs do), so the tuner
-# weighs both per call mode. "n128s4q": half the K splits of n128s8q, the best of 159 tile / split /
-# warp / stage combinations at 32 tokens and within 5% of the best at 8 (benchmarks/moe_decode_sweep.py,
-# results/moe-decode-sweep-H200.json); the sweep found nothing better than the registered ones at 1.
+# weighs both per call mode; "f": both GEMMs in one launch (`fused_gemms`), likewise. "n128s4q": half
+# the K splits of n128s8q, the best of 159 tile / split / warp / stage combinations at 32 tokens and
+# within 5% of the best at 8 (benchmarks/moe_decode_sweep.py, results/moe-decode-sweep-H200.json); the
+# sweep found nothing better than the registered ones at 1.
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
@@ -377,6 +469,12 @@ CONFIGS = {
                     fused_cast=False),
     "n128s8qc": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True,
                      fused_cast=False),
+    "n128s4qf": dict(block_n1=64, block_n2=128, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True,
+                     fused_gemms=True),
+    "n128s8qf": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True,
+                     fused_gemms=True),
+    "n64s4qf": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True,
+                    fused_gemms=True),
 }
 
 
