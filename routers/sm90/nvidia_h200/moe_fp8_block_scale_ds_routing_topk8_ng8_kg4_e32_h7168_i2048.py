@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T23:12:59Z
+# measured    up to 2026-11-29T00:08:37Z
 # workloads   39 (workload-set digest 233c4d03e8d34141)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,16 +15,19 @@
 #   deepgemm_fused          78a495ff1f85d2ff  23/39  1.19x  [16 screened out]  [23 not graph-safe]
 #   deepgemm_fused_bound    2bc51e5139672b39  37/39  1.52x  [2 screened out]
 #   deepgemm_masked         e42a5c00584e17ef  19/26  0.85x  [7 screened out]
-#   triton_decode.n128s4q   40a19f633c8e72a2  12/12  1.52x
-#   triton_decode.n128s8    a8f064eb3f2023c5  12/12  1.32x
-#   triton_decode.n128s8q   6c91d9c03938a48d  12/12  1.48x
-#   triton_decode.n128s8qc  ca79cc3f7bd7020a  12/12  1.49x
-#   triton_decode.n32s8     61e9cdadbda5165b  10/12  1.05x  [2 screened out]
-#   triton_decode.n64s4     ac4c0287cd315b77  12/12  1.31x
-#   triton_decode.n64s4q    d957ade48d3333d3  12/12  1.48x
-#   triton_decode.n64s4qc   9452994a53aa3997  12/12  1.47x
-#   triton_decode.n64s8     138a62c8bb95722d  12/12  1.22x
-#   triton_decode.n64s8q    5c5ece7d7160bc4c  12/12  1.35x
+#   triton_decode.n128s4q   3a81d483a9154e39  12/12  1.52x
+#   triton_decode.n128s4qf  45ae021a34df1bb0  12/12  1.41x
+#   triton_decode.n128s8    e28adf59427a88a9  12/12  1.32x
+#   triton_decode.n128s8q   6eeb8cfa960920eb  12/12  1.47x
+#   triton_decode.n128s8qc  5e203555c6f7f7e8  12/12  1.48x
+#   triton_decode.n128s8qf  c8b63d352487b2c3  12/12  1.34x
+#   triton_decode.n32s8     c32e136108a2d4d2  10/12  1.05x  [2 screened out]
+#   triton_decode.n64s4     e73139f1541829bb  12/12  1.31x
+#   triton_decode.n64s4q    03091f5ae253ca56  12/12  1.46x
+#   triton_decode.n64s4qc   e8a7fd3ebdcf1a74  12/12  1.46x
+#   triton_decode.n64s4qf   235fd061056e7925  12/12  1.29x
+#   triton_decode.n64s8     6b5daaa089b4671e  12/12  1.22x
+#   triton_decode.n64s8q    ae61151aecffb1bb  12/12  1.35x
 #   triton_grouped_m16.fr   f54b017d57daecc0  27/39  1.23x  [12 screened out]
 #   triton_grouped_m32.fr   472f5322783fa8d4  29/39  1.18x  [10 screened out]
 #   triton_grouped_m32q.fr  5dc1c18f0b87c37a  30/39  1.33x  [9 screened out]
@@ -32,13 +35,16 @@
 #   triton_grouped_m64q.fr  63f99dd148ba65dc  36/39  1.27x  [3 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s4q   block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
+#   triton_decode.n128s4qf  block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
 #   triton_decode.n128s8    block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s8qc  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True fused_cast=False
+#   triton_decode.n128s8qf  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
 #   triton_decode.n32s8     block_n1=32 block_n2=32 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n64s4     block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3
 #   triton_decode.n64s4q    block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n64s4qc   block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_cast=False
+#   triton_decode.n64s4qf   block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
 #   triton_decode.n64s8     block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n64s8q    block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
 # fit         threshold splits over seq_len; a variant replaces the baseline
@@ -46,34 +52,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.79% mean, 17.28% max;
-#             2.327x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.23% mean, 35.84% max;
-#             3.476x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.29% mean, 17.28% max;
+#             2.332x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.46% mean, 21.00% max;
+#             3.467x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 2.01x (1.69x .. 2.31x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s8q, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n32s8
-#   2. 2 < seq_len <= 9: triton_decode.n64s4q, 3 workloads, 1.25x (1.16x .. 1.31x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s4q, triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8
-#   3. 9 < seq_len <= 40: triton_decode.n128s4q, 6 workloads, 1.51x (1.26x .. 1.89x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_decode.n128s8qc, triton_grouped_m32q.fr, triton_decode.n64s4q, triton_decode.n64s4qc, triton_decode.n128s8q, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
-#   4. 40 < seq_len <= 864: triton_grouped_m32q.fr, 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
-#   5. seq_len > 864: deepgemm_fused_bound, 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
+#   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 2.00x (1.68x .. 2.30x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n128s4qf, triton_decode.n32s8, triton_decode.n64s4qf
+#   2. 2 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 1.41x (1.16x .. 1.88x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q
+#   3. 40 < seq_len <= 864: triton_grouped_m32q.fr, 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
+#   4. seq_len > 864: deepgemm_fused_bound, 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 2: triton_decode.n64s8, 3 workloads, 9.90x (7.85x .. 13.98x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n128s8q, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n128s8qc, triton_decode.n32s8, triton_decode.n64s4qc, triton_decode.n128s4q
-#   2. 2 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.57x (2.84x .. 10.88x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4qc, triton_decode.n128s8q, triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   1. seq_len <= 3: triton_decode.n128s8q, 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n64s8, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf
+#   2. 3 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4qf, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
 #   3. 40 < seq_len <= 1447: triton_grouped_m32q.fr, 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
 #   4. seq_len > 1447: deepgemm_fused_bound, 11 workloads, 3.25x (2.54x .. 3.81x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.69, 2.01, 2.31), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8')},
-    {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (2, 9)}, 'workloads': 3, 'speedup': (1.16, 1.25, 1.31), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8')},
-    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (9, 40)}, 'workloads': 6, 'speedup': (1.26, 1.51, 1.89), 'fallbacks': ('triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 864)}, 'workloads': 14, 'speedup': (1.32, 1.41, 1.55), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
-    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (864, None)}, 'workloads': 13, 'speedup': (1.56, 2.53, 2.99), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.68, 2.0, 2.3), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_decode.n64s4qf')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (1.16, 1.41, 1.88), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 864)}, 'workloads': 14, 'speedup': (1.32, 1.41, 1.55), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (864, None)}, 'workloads': 13, 'speedup': (1.56, 2.53, 2.99), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n64s8', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (7.85, 9.9, 13.98), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n128s8qc', 'triton_decode.n32s8', 'triton_decode.n64s4qc', 'triton_decode.n128s4q')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (2.84, 5.57, 10.88), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.86, 12.1, 18.08), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (3.13, 5.46, 9.25), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
     {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1447)}, 'workloads': 16, 'speedup': (2.27, 3.02, 4.19), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
     {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1447, None)}, 'workloads': 11, 'speedup': (2.54, 3.25, 3.81), 'fallbacks': ('deepgemm_fused',)},
 )
@@ -83,19 +87,16 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.01x (1.69x .. 2.31x) over sglang_triton_moe
+    # region 1: 3 workloads, 2.00x (1.68x .. 2.30x) over sglang_triton_moe
     if seq_len <= 2:
-        return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8q'
-    # region 2: 3 workloads, 1.25x (1.16x .. 1.31x) over sglang_triton_moe
-    if 2 < seq_len <= 9:
-        return ('triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8') if inside else 'triton_decode.n64s4q'
-    # region 3: 6 workloads, 1.51x (1.26x .. 1.89x) over sglang_triton_moe
-    if 9 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
-    # region 4: 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe
+        return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_decode.n64s4qf') if inside else 'triton_decode.n128s8q'
+    # region 2: 9 workloads, 1.41x (1.16x .. 1.88x) over sglang_triton_moe
+    if 2 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q') if inside else 'triton_decode.n128s4q'
+    # region 3: 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe
     if 40 < seq_len <= 864:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 5: 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
+    # region 4: 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
     if seq_len > 864:
         return 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
@@ -103,12 +104,12 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 9.90x (7.85x .. 13.98x) over sglang_triton_moe
-    if seq_len <= 2:
-        return ('triton_decode.n64s8', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8q', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n128s8qc', 'triton_decode.n32s8', 'triton_decode.n64s4qc', 'triton_decode.n128s4q') if inside else 'triton_decode.n64s8'
-    # region 2: 9 workloads, 5.57x (2.84x .. 10.88x) over sglang_triton_moe
-    if 2 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 1: 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe
+    if seq_len <= 3:
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf') if inside else 'triton_decode.n128s8q'
+    # region 2: 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe
+    if 3 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
     # region 3: 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe
     if 40 < seq_len <= 1447:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
