@@ -13,6 +13,10 @@ The earlier modules are read from a folder (the GPU machine has no git): on the 
 (their registrations cut: the registry holds the working tree's; their launch keys renamed: two
 kernels of one name under one key are refused), copied into the tree, then
 
+    git show REV:kernels/library/moe/deepgemm_fused.py | sed '/^@variant(/,$d' > /tmp/moe-old/old_deepgemm_fused.py
+
+adds `deepgemm_fused_bound` (where DeepGEMM imports: after its bundle's setup), and then
+
     python benchmarks/moe_host_ab.py --old moe-old [--seq-lens 1 8 32 128 512 2048] [--rounds 3]
 
 With --rounds N the two revisions are timed N times in alternation (old first in odd rounds, new first in
@@ -23,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -52,13 +58,20 @@ def host_us(fn, sets, calls: int = 40) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--old", required=True, help="folder holding old_grouped.py and old_decode.py")
+    ap.add_argument("--old", required=True,
+                    help="folder holding old_grouped.py and old_decode.py (and old_deepgemm_fused.py)")
+    ap.add_argument("--only", nargs="+", help="these cases only (names as printed)")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 128, 512, 2048])
     ap.add_argument("--rounds", type=int, default=1, help="alternating timing rounds per case")
     opts = ap.parse_args()
     sys.path.insert(0, opts.old)
     old_grouped, old_decode = importlib.import_module("old_grouped"), importlib.import_module("old_decode")
     from kdispatch.kernels.triton.moe import fp8_decode, fp8_grouped
+    deepgemm = []
+    if importlib.util.find_spec("deep_gemm") and (Path(opts.old) / "old_deepgemm_fused.py").is_file():
+        from kdispatch.kernels.library.moe import deepgemm_fused
+        deepgemm = [("deepgemm_fused_bound", importlib.import_module("old_deepgemm_fused").moe_fp8_deepgemm_fused,
+                     deepgemm_fused.moe_fp8_deepgemm_fused, dict(bound=True))]
 
     registry.discover()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -69,11 +82,13 @@ def main() -> None:
                                 seed=0))
         sets = timing.input_sets(DEF, args, l2, max_sets=16)
         cases = [(name, old_grouped.moe_fp8_grouped, fp8_grouped.moe_fp8_grouped, fp8_grouped.CONFIGS[name])
-                 for name in GROUPED]
+                 for name in GROUPED] + deepgemm
         if seq_len <= fp8_decode.MAX_TOKENS:
             cases += [(f"triton_decode.{label}", old_decode.moe_fp8_decode, fp8_decode.moe_fp8_decode,
                        fp8_decode.CONFIGS[label]) for label in DECODE]
         for name, old_fn, new_fn, config in cases:
+            if opts.only and name not in opts.only:
+                continue
             pair = {"old": lambda *a, f=old_fn: f(*a, **config), "new": lambda *a, f=new_fn: f(*a, **config)}
             old_out, new_out = pair["old"](*args).float(), pair["new"](*args).float()
             diff, scale = (old_out - new_out).abs().max().item(), old_out.abs().max().item()

@@ -8,14 +8,14 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T00:08:37Z
+# measured    up to 2026-11-29T00:20:16Z
 # workloads   39 on each of 2 devices (workload-set digest 56f1db2354616018)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  66/66  1.00x
 #   deepgemm_contiguous     ff3f2ac4c88db148  27/66  0.45x  [39 screened out]  [27 not graph-safe]
-#   deepgemm_fused          78a495ff1f85d2ff  50/66  1.13x  [16 screened out]  [50 not graph-safe]
-#   deepgemm_fused_bound    2bc51e5139672b39  64/66  1.56x  [2 screened out]
+#   deepgemm_fused          a00b8b48ddce7ab6  66/66  0.90x  [66 not graph-safe]
+#   deepgemm_fused_bound    a20666331d671f0a  66/66  1.53x
 #   deepgemm_masked         e42a5c00584e17ef  33/40  0.83x  [7 screened out]
 #   reference               c16a3bde9b55b3d2  23/23  0.05x
 #   triton_decode.n128s4q   3a81d483a9154e39  12/12  1.52x
@@ -55,38 +55,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.09% mean, 17.28% max;
-#             2.277x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.04% mean, 21.00% max;
-#             3.113x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.10% mean, 17.47% max;
+#             2.278x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.47% mean, 90.19% max;
+#             3.069x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 2.00x (1.68x .. 2.30x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n128s4qf, triton_decode.n32s8, triton_decode.n64s4qf
 #   2. 2 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 1.41x (1.16x .. 1.88x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q
-#   3. 40 < seq_len <= 1054: triton_grouped_m32q.fr, 32 workloads, 1.35x (1.20x .. 1.60x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
-#   4. seq_len > 1054: deepgemm_fused_bound, 22 workloads, 2.68x (1.81x .. 3.11x) over sglang_triton_moe
+#   3. 40 < seq_len <= 1058: triton_grouped_m32q.fr, 32 workloads, 1.35x (1.20x .. 1.60x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
+#   4. seq_len > 1058: deepgemm_fused_bound, 22 workloads, 2.68x (1.81x .. 3.11x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n128s8q, 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n64s8, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf
-#   2. 3 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4qf, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   1. seq_len <= 3: triton_decode.n128s8q, 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n64s8, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, deepgemm_fused_bound, deepgemm_fused
+#   2. 3 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4qf, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
 #   3. 40 < seq_len <= 56: triton_grouped_m32q.fr, 10 workloads, 2.49x (2.07x .. 2.97x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. 56 < seq_len <= 63: triton_grouped_m16.fr, 8 workloads, 2.60x (2.17x .. 3.13x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m64.fr
-#   5. 63 < seq_len <= 1720: triton_grouped_m32q.fr, 14 workloads, 2.78x (2.00x .. 4.19x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr
-#   6. seq_len > 1720: deepgemm_fused_bound, 22 workloads, 3.14x (2.54x .. 3.81x) over sglang_triton_moe; then deepgemm_fused
+#   4. 56 < seq_len <= 63: triton_grouped_m16.fr, 8 workloads, 2.60x (2.17x .. 3.13x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m64.fr, deepgemm_fused
+#   5. 63 < seq_len <= 1671: triton_grouped_m32q.fr, 14 workloads, 2.78x (2.00x .. 4.19x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused
+#   6. seq_len > 1671: deepgemm_fused_bound, 22 workloads, 3.19x (2.68x .. 3.89x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.68, 2.0, 2.3), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_decode.n64s4qf')},
     {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (1.16, 1.41, 1.88), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1054)}, 'workloads': 32, 'speedup': (1.2, 1.35, 1.6), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1054, None)}, 'workloads': 22, 'speedup': (1.81, 2.68, 3.11), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1058)}, 'workloads': 32, 'speedup': (1.2, 1.35, 1.6), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1058, None)}, 'workloads': 22, 'speedup': (1.81, 2.68, 3.11), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.86, 12.1, 18.08), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (3.13, 5.46, 9.25), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.86, 12.1, 18.08), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (3.13, 5.46, 9.25), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
     {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 56)}, 'workloads': 10, 'speedup': (2.07, 2.49, 2.97), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 63)}, 'workloads': 8, 'speedup': (2.17, 2.6, 3.13), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr')},
-    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 1720)}, 'workloads': 14, 'speedup': (2.0, 2.78, 4.19), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr')},
-    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1720, None)}, 'workloads': 22, 'speedup': (2.54, 3.14, 3.81), 'fallbacks': ('deepgemm_fused',)},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 63)}, 'workloads': 8, 'speedup': (2.17, 2.6, 3.13), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 1671)}, 'workloads': 14, 'speedup': (2.0, 2.78, 4.19), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1671, None)}, 'workloads': 22, 'speedup': (2.68, 3.19, 3.89), 'fallbacks': ('deepgemm_fused',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -101,10 +101,10 @@ def route(seq_len):
     if 2 < seq_len <= 40:
         return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q') if inside else 'triton_decode.n128s4q'
     # region 3: 32 workloads, 1.35x (1.20x .. 1.60x) over sglang_triton_moe
-    if 40 < seq_len <= 1054:
+    if 40 < seq_len <= 1058:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
     # region 4: 22 workloads, 2.68x (1.81x .. 3.11x) over sglang_triton_moe
-    if seq_len > 1054:
+    if seq_len > 1058:
         return 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
@@ -113,20 +113,20 @@ def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe
     if seq_len <= 3:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf') if inside else 'triton_decode.n128s8q'
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
     # region 2: 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe
     if 3 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_decode.n128s4q'
     # region 3: 10 workloads, 2.49x (2.07x .. 2.97x) over sglang_triton_moe
     if 40 < seq_len <= 56:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
     # region 4: 8 workloads, 2.60x (2.17x .. 3.13x) over sglang_triton_moe
     if 56 < seq_len <= 63:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
     # region 5: 14 workloads, 2.78x (2.00x .. 4.19x) over sglang_triton_moe
-    if 63 < seq_len <= 1720:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 6: 22 workloads, 3.14x (2.54x .. 3.81x) over sglang_triton_moe
-    if seq_len > 1720:
+    if 63 < seq_len <= 1671:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
+    # region 6: 22 workloads, 3.19x (2.68x .. 3.89x) over sglang_triton_moe
+    if seq_len > 1671:
         return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from kdispatch.kernels.library.moe.deepgemm import BLOCK_M
-from kdispatch.kernels.triton.launch import launch
+from kdispatch.kernels.triton.launches import Launches, call_key
 from kdispatch.kernels.triton.moe.fp8_grouped import FP8_MAX, QBLOCK, _e4m3_grid, _fused_route_layout, cdiv, next_pow2
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
@@ -158,18 +158,21 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
             return out.zero_()
         rows = blocks * BLOCK_M
     kb = hidden // QBLOCK
+    x, x_scale = hidden_states.contiguous().view(torch.uint8), hidden_states_scale.contiguous()
+    # the glue's four launches keyed once (the other buffers are fresh allocations or views of the routing's
+    # workspace at fixed, aligned offsets)
+    run = Launches((*call_key("moe_fp8 deepgemm_fused", x, x_scale), num_tokens, hidden, inter, num_local, bound))
     a = torch.empty(rows, hidden, dtype=torch.float8_e4m3fn, device=device)
     a_scale = torch.empty(rows, kb, dtype=torch.float32, device=device)
     m_indices = torch.empty(rows, dtype=torch.int32, device=device)
     pair_row = torch.full((num_tokens * ref.TOP_K,), -1, dtype=torch.int32, device=device)
-    launch(_gather_rows_kernel, (rows // GATHER_ROWS,),
-           hidden_states.contiguous().view(torch.uint8), hidden_states_scale.contiguous(), row_pair, block_expert,
-           a.view(torch.uint8), a_scale, m_indices, pair_row, num_tokens,
-           hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb, next_pow2(kb))
+    run(_gather_rows_kernel, (rows // GATHER_ROWS,), x, x_scale, row_pair, block_expert, a.view(torch.uint8), a_scale,
+        m_indices, pair_row, num_tokens, hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb,
+        next_pow2(kb))
     if bound:  # DeepGEMM's psum layout: the routed blocks only
         psum = torch.empty(num_local, dtype=torch.int32, device=device)
-        launch(_psum_kernel, (num_local,), row_pair, block_expert, psum, block_expert.numel(), num_local, BLOCK_M,
-               PSUM_CHUNK)
+        run(_psum_kernel, (num_local,), row_pair, block_expert, psum, block_expert.numel(), num_local, BLOCK_M,
+            PSUM_CHUNK)
         # the rows an expert gets on average, for DeepGEMM's tile choice (the bound would pick prefill tiles)
         expected = max(1, -(-num_tokens * ref.TOP_K // routing_logits.shape[1]))
         layout = dict(grouped_layout=psum, use_psum_layout=True, expected_m_for_psum_layout=expected)
@@ -179,12 +182,12 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), (gemm1_weights, gemm1_weights_scale), h, **layout)
     y = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=device)
     y_scale = torch.empty(rows, inter // QBLOCK, dtype=torch.float32, device=device)
-    launch(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, block_expert, y, y_scale, inter,
-           num_local, BLOCK_M, QUANT_ROWS, QBLOCK, device.type != "cuda")
+    run(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, block_expert, y, y_scale, inter,
+        num_local, BLOCK_M, QUANT_ROWS, QBLOCK, device.type != "cuda")
     d = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((y, y_scale), (gemm2_weights, gemm2_weights_scale), d, **layout)
-    launch(_combine_kernel, (num_tokens, cdiv(hidden, COMBINE_COLS)), d, pair_row, pair_weights, out,
-           hidden, ref.TOP_K, COMBINE_COLS)
+    run(_combine_kernel, (num_tokens, cdiv(hidden, COMBINE_COLS)), d, pair_row, pair_weights, out,
+        hidden, ref.TOP_K, COMBINE_COLS)
     return out
 
 

@@ -6,14 +6,14 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T00:08:37Z
+# measured    up to 2026-11-29T00:20:16Z
 # workloads   39 (workload-set digest 233c4d03e8d34141)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  39/39  1.00x
 #   deepgemm_contiguous     ff3f2ac4c88db148  0/39  -  [39 screened out]
-#   deepgemm_fused          78a495ff1f85d2ff  23/39  1.19x  [16 screened out]  [23 not graph-safe]
-#   deepgemm_fused_bound    2bc51e5139672b39  37/39  1.52x  [2 screened out]
+#   deepgemm_fused          a00b8b48ddce7ab6  39/39  0.80x  [39 not graph-safe]
+#   deepgemm_fused_bound    a20666331d671f0a  39/39  1.48x
 #   deepgemm_masked         e42a5c00584e17ef  19/26  0.85x  [7 screened out]
 #   triton_decode.n128s4q   3a81d483a9154e39  12/12  1.52x
 #   triton_decode.n128s4qf  45ae021a34df1bb0  12/12  1.41x
@@ -52,34 +52,34 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.29% mean, 17.28% max;
-#             2.332x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.46% mean, 21.00% max;
-#             3.467x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.31% mean, 17.47% max;
+#             2.335x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.10% mean, 47.11% max;
+#             3.461x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 2: triton_decode.n128s8q, 3 workloads, 2.00x (1.68x .. 2.30x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4, triton_decode.n128s4qf, triton_decode.n32s8, triton_decode.n64s4qf
 #   2. 2 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 1.41x (1.16x .. 1.88x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8q
-#   3. 40 < seq_len <= 864: triton_grouped_m32q.fr, 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
-#   4. seq_len > 864: deepgemm_fused_bound, 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
+#   3. 40 < seq_len <= 870: triton_grouped_m32q.fr, 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound
+#   4. seq_len > 870: deepgemm_fused_bound, 13 workloads, 2.53x (1.56x .. 3.10x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n128s8q, 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n64s8, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf
-#   2. 3 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4qf, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
-#   3. 40 < seq_len <= 1447: triton_grouped_m32q.fr, 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
-#   4. seq_len > 1447: deepgemm_fused_bound, 11 workloads, 3.25x (2.54x .. 3.81x) over sglang_triton_moe; then deepgemm_fused
+#   1. seq_len <= 3: triton_decode.n128s8q, 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s8q, triton_decode.n32s8, triton_decode.n64s8, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, deepgemm_fused_bound, deepgemm_fused
+#   2. 3 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n64s4qf, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   3. 40 < seq_len <= 1486: triton_grouped_m32q.fr, 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64.fr, deepgemm_fused
+#   4. seq_len > 1486: deepgemm_fused_bound, 11 workloads, 3.35x (2.68x .. 3.89x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (1.68, 2.0, 2.3), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_decode.n64s4qf')},
     {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (2, 40)}, 'workloads': 9, 'speedup': (1.16, 1.41, 1.88), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 864)}, 'workloads': 14, 'speedup': (1.32, 1.41, 1.55), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (864, None)}, 'workloads': 13, 'speedup': (1.56, 2.53, 2.99), 'fallbacks': ()},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 870)}, 'workloads': 14, 'speedup': (1.32, 1.41, 1.55), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (870, None)}, 'workloads': 13, 'speedup': (1.56, 2.53, 3.1), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.86, 12.1, 18.08), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (3.13, 5.46, 9.25), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1447)}, 'workloads': 16, 'speedup': (2.27, 3.02, 4.19), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1447, None)}, 'workloads': 11, 'speedup': (2.54, 3.25, 3.81), 'fallbacks': ('deepgemm_fused',)},
+    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.86, 12.1, 18.08), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (3.13, 5.46, 9.25), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 1486)}, 'workloads': 16, 'speedup': (2.27, 3.02, 4.19), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1486, None)}, 'workloads': 11, 'speedup': (2.68, 3.35, 3.89), 'fallbacks': ('deepgemm_fused',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,10 +94,10 @@ def route(seq_len):
     if 2 < seq_len <= 40:
         return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q') if inside else 'triton_decode.n128s4q'
     # region 3: 14 workloads, 1.41x (1.32x .. 1.55x) over sglang_triton_moe
-    if 40 < seq_len <= 864:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 13 workloads, 2.53x (1.56x .. 2.99x) over sglang_triton_moe
-    if seq_len > 864:
+    if 40 < seq_len <= 870:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 13 workloads, 2.53x (1.56x .. 3.10x) over sglang_triton_moe
+    if seq_len > 870:
         return 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
@@ -106,14 +106,14 @@ def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 12.10x (8.86x .. 18.08x) over sglang_triton_moe
     if seq_len <= 3:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf') if inside else 'triton_decode.n128s8q'
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s8q', 'triton_decode.n32s8', 'triton_decode.n64s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
     # region 2: 9 workloads, 5.46x (3.13x .. 9.25x) over sglang_triton_moe
     if 3 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n64s4qf', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_decode.n128s4q'
     # region 3: 16 workloads, 3.02x (2.27x .. 4.19x) over sglang_triton_moe
-    if 40 < seq_len <= 1447:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 11 workloads, 3.25x (2.54x .. 3.81x) over sglang_triton_moe
-    if seq_len > 1447:
+    if 40 < seq_len <= 1486:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 11 workloads, 3.35x (2.68x .. 3.89x) over sglang_triton_moe
+    if seq_len > 1486:
         return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
