@@ -11,7 +11,6 @@ beside the one it may replace, before a re-tune.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -21,7 +20,7 @@ from kdispatch.tuner import timing
 from kdispatch.workloads import SimpleWorkload, materialize
 
 from floors import floor_us  # noqa: E402  (benchmarks/ is the script folder)
-from moe_host_ab import host_us  # noqa: E402
+from moe_host_ab import side_by_side  # noqa: E402
 
 
 def main() -> None:
@@ -48,16 +47,7 @@ def main() -> None:
             outs = [fns[name](*args).float() for name in names]
             diff, scale = (outs[0] - outs[1]).abs().max().item(), outs[0].abs().max().item()
             finite = all(bool(torch.isfinite(o).all()) for o in outs)
-            rows = {name: [] for name in names}
-            for r in range(opts.rounds):
-                for name in (names if r % 2 == 0 else names[::-1]):
-                    fn = fns[name]
-                    graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
-                    eager = statistics.median(timing.eager_times_us(fn, sets, 40))
-                    rows[name].append((graph, eager, eager - graph, host_us(fn, sets)))
-            t = [[statistics.median(col) for col in zip(*rows[name])] for name in names]
-            cols = " ".join(f"{what} {t[0][i]:7.1f} -> {t[1][i]:7.1f} "
-                            for i, what in enumerate(("graph", "eager", "eager-graph", "host")))
+            cols = side_by_side(fns[names[0]], fns[names[1]], sets, opts.rounds)
             print(f"{axis}={value:5d} {pair:44s} {cols} floor {floor:6.1f} max|A-B| {diff:.3g} of {scale:.3g}, "
                   f"finite {finite}", flush=True)
 

@@ -56,6 +56,26 @@ def host_us(fn, sets, calls: int = 40) -> float:
     return statistics.median(samples)
 
 
+def side_by_side(a, b, sets, rounds: int) -> str:
+    """`a` and `b` timed in `rounds` alternating rounds (a first in odd rounds, b in even ones): each
+    one's median over rounds of its graph time (inputs rotated), eager time, their difference and host
+    time until return, as "what A -> B" columns, and with several rounds the graph times' spread."""
+    rows = ([], [])
+    for r in range(rounds):
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            fn = (a, b)[i]
+            graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
+            eager = statistics.median(timing.eager_times_us(fn, sets, 40))
+            rows[i].append((graph, eager, eager - graph, host_us(fn, sets)))
+    t = [[statistics.median(col) for col in zip(*one)] for one in rows]
+    text = " ".join(f"{what} {t[0][i]:7.1f} -> {t[1][i]:7.1f} "
+                    for i, what in enumerate(("graph", "eager", "eager-graph", "host")))
+    if rounds > 1:
+        text += " graph spread " + " / ".join(
+            f"{100 * (max(g) - min(g)) / min(g):.1f}%" for g in ([row[0] for row in one] for one in rows))
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True,
@@ -93,23 +113,9 @@ def main() -> None:
             old_out, new_out = pair["old"](*args).float(), pair["new"](*args).float()
             diff, scale = (old_out - new_out).abs().max().item(), old_out.abs().max().item()
             finite = bool(torch.isfinite(new_out).all())
-            rounds = {"old": [], "new": []}
-            for r in range(opts.rounds):
-                for tag in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    fn = pair[tag]
-                    graph = statistics.median(timing.graph_times_us(fn, sets, 5)[0])
-                    eager = statistics.median(timing.eager_times_us(fn, sets, 40))
-                    rounds[tag].append((graph, eager, eager - graph, host_us(fn, sets)))
-            t = {tag: [statistics.median(col) for col in zip(*rows)] for tag, rows in rounds.items()}
-            cols = " ".join(f"{what} {t['old'][i]:7.1f} -> {t['new'][i]:7.1f} "
-                            for i, what in enumerate(("graph", "eager", "eager-graph", "host")))
-            spread = ""
-            if opts.rounds > 1:
-                spread = " graph spread " + " / ".join(
-                    f"{100 * (max(g) - min(g)) / min(g):.1f}%" for g in
-                    ([row[0] for row in rounds["old"]], [row[0] for row in rounds["new"]]))
-            print(f"T={seq_len:5d} {name:24s} {cols} max|old-new| {diff:.3g} of {scale:.3g}, finite {finite}"
-                  f"{spread}", flush=True)
+            cols = side_by_side(pair["old"], pair["new"], sets, opts.rounds)
+            print(f"T={seq_len:5d} {name:24s} {cols} max|old-new| {diff:.3g} of {scale:.3g}, finite {finite}",
+                  flush=True)
 
 
 if __name__ == "__main__":
