@@ -58,7 +58,7 @@ def _fake_deep_gemm(calls):
             rows = m_indices == e
             if rows.any():
                 d[rows] = (xd[rows] @ _dequant(w[e], ws[e], 128).t()).to(torch.bfloat16)
-        calls.append(m)
+        calls.append((m, xs.stride() == (1, m)))  # the rows, and whether the scales came MN-major
 
     def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m):
         (x, xs), (w, ws) = a, b
@@ -75,7 +75,7 @@ def _fake_deep_gemm(calls):
             r = int(masked_m[e])
             if r:  # only the counted rows are read: the rest of the buffer may hold anything
                 d[e, :r] = (_dequant(x[e, :r], xs[e, :r], 1) @ _dequant(w[e], ws[e], 128).t()).to(torch.bfloat16)
-        calls.append(m)
+        calls.append((m, False))
 
     return types.SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=m_grouped_fp8_gemm_nt_contiguous,
                                  m_grouped_fp8_gemm_nt_masked=m_grouped_fp8_gemm_nt_masked)
@@ -105,6 +105,8 @@ def test_peer_matches_the_dense_formula(peer, T, offset):
     assert (got - want).norm() <= 0.04 * want.norm() + 1e-9
     # the counted contiguous layouts are sized from the routed rows: none routed here, no GEMM
     assert len(calls) == (0 if layout in ("contiguous", "fused-counted") and not want.any() else 2)
+    if layout.startswith("fused"):  # DeepGEMM's sm_90 layout: it would transpose any other, a launch a GEMM
+        assert all(mn_major for _, mn_major in calls)
 
 
 def test_no_local_expert_gives_zeros(peer):

@@ -50,7 +50,7 @@ PSUM_CHUNK = 1024  # row blocks a psum step counts
 
 @triton.jit
 def _gather_rows_kernel(x_ptr, x_scale_ptr, row_pair_ptr, block_expert_ptr, a_ptr, a_scale_ptr, m_indices_ptr,
-                        pair_row_ptr, num_tokens,
+                        pair_row_ptr, num_tokens, num_rows,
                         HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr,
                         ROWS: tl.constexpr, COLS: tl.constexpr, KB: tl.constexpr, KB_POW2: tl.constexpr):
     tl.static_assert(BLOCK_M % ROWS == 0)  # a program's rows lie in one block: one expert
@@ -72,12 +72,13 @@ def _gather_rows_kernel(x_ptr, x_scale_ptr, row_pair_ptr, block_expert_ptr, a_pt
     kb = tl.arange(0, KB_POW2)
     s = tl.load(x_scale_ptr + kb[None, :] * num_tokens + token[:, None], mask=live[:, None] & (kb[None, :] < KB),
                 other=0.0)  # the definition's scales are [H / 128, T]
-    tl.store(a_scale_ptr + r64[:, None] * KB + kb[None, :], s, mask=kb[None, :] < KB)
+    tl.store(a_scale_ptr + kb[None, :] * num_rows + r64[:, None], s, mask=kb[None, :] < KB)  # MN-major
 
 
 @triton.jit
-def _silu_mul_quant_kernel(h_ptr, block_expert_ptr, y_ptr, y_scale_ptr, INTER: tl.constexpr, NUM_LOCAL: tl.constexpr,
-                           BLOCK_M: tl.constexpr, ROWS: tl.constexpr, QB: tl.constexpr, ON_GRID: tl.constexpr):
+def _silu_mul_quant_kernel(h_ptr, block_expert_ptr, y_ptr, y_scale_ptr, num_rows, INTER: tl.constexpr,
+                           NUM_LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, QB: tl.constexpr,
+                           ON_GRID: tl.constexpr):
     tl.static_assert(BLOCK_M % ROWS == 0)
     if tl.load(block_expert_ptr + tl.program_id(0) * ROWS // BLOCK_M) >= NUM_LOCAL:
         return  # past the last expert (bound sizing)
@@ -92,7 +93,7 @@ def _silu_mul_quant_kernel(h_ptr, block_expert_ptr, y_ptr, y_scale_ptr, INTER: t
     if ON_GRID:  # the interpreter's cast mis-rounds (see _e4m3_grid)
         q = _e4m3_grid(q)
     tl.store(y_ptr + rows[:, None] * INTER + cols[None, :], q.to(tl.float8e4nv))
-    tl.store(y_scale_ptr + rows * (INTER // QB) + block, scale)
+    tl.store(y_scale_ptr + block * num_rows + rows, scale)  # MN-major
 
 
 @triton.jit
@@ -163,17 +164,23 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
     # workspace at fixed, aligned offsets)
     run = Launches((*call_key("moe_fp8 deepgemm_fused", x, x_scale), num_tokens, hidden, inter, num_local, bound))
     a = torch.empty(rows, hidden, dtype=torch.float8_e4m3fn, device=device)
-    a_scale = torch.empty(rows, kb, dtype=torch.float32, device=device)
+    # Scales MN-major ([K / 128, rows] in memory, handed over as its [rows, K / 128] transpose), the layout
+    # DeepGEMM's sm_90 kernels read: given row-major ones it transposes them first, a kernel of its own
+    # per GEMM (rows are a multiple of 128, so the columns are TMA-aligned as they stand). Graph time 1-2% less
+    # at 256-16,384 tokens (H200: benchmarks/results/moe-deepgemm-mn-scales-ab-H200.txt)
+    a_scale = torch.empty(kb, rows, dtype=torch.float32, device=device).t()
     m_indices = torch.empty(rows, dtype=torch.int32, device=device)
     pair_row = torch.full((num_tokens * ref.TOP_K,), -1, dtype=torch.int32, device=device)
     run(_gather_rows_kernel, (rows // GATHER_ROWS,), x, x_scale, row_pair, block_expert, a.view(torch.uint8), a_scale,
-        m_indices, pair_row, num_tokens, hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb,
+        m_indices, pair_row, num_tokens, rows, hidden, ref.TOP_K, num_local, BLOCK_M, GATHER_ROWS, GATHER_COLS, kb,
         next_pow2(kb))
     if bound:  # DeepGEMM's psum layout: the routed blocks only
         psum = torch.empty(num_local, dtype=torch.int32, device=device)
         run(_psum_kernel, (num_local,), row_pair, block_expert, psum, block_expert.numel(), num_local, BLOCK_M,
             PSUM_CHUNK)
-        # the rows an expert gets on average, for DeepGEMM's tile choice (the bound would pick prefill tiles)
+        # the rows an expert gets on average, for DeepGEMM's tile choice (the bound would pick prefill tiles;
+        # for these two GEMMs a replica of its sm_90 cost model (get_best_config) picks 128 x 192 tiles in
+        # 2-CTA clusters at any hint, as the kernel profiled at 1,770 tokens has: not a configuration to measure)
         expected = max(1, -(-num_tokens * ref.TOP_K // routing_logits.shape[1]))
         layout = dict(grouped_layout=psum, use_psum_layout=True, expected_m_for_psum_layout=expected)
     else:
@@ -181,8 +188,8 @@ def moe_fp8_deepgemm_fused(routing_logits, routing_bias, hidden_states, hidden_s
     h = torch.empty(rows, two_inter, dtype=torch.bfloat16, device=device)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, a_scale), (gemm1_weights, gemm1_weights_scale), h, **layout)
     y = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=device)
-    y_scale = torch.empty(rows, inter // QBLOCK, dtype=torch.float32, device=device)
-    run(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, block_expert, y, y_scale, inter,
+    y_scale = torch.empty(inter // QBLOCK, rows, dtype=torch.float32, device=device).t()
+    run(_silu_mul_quant_kernel, (rows // QUANT_ROWS, inter // QBLOCK), h, block_expert, y, y_scale, rows, inter,
         num_local, BLOCK_M, QUANT_ROWS, QBLOCK, device.type != "cuda")
     d = torch.empty(rows, hidden, dtype=torch.bfloat16, device=device)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((y, y_scale), (gemm2_weights, gemm2_weights_scale), d, **layout)
