@@ -25,9 +25,9 @@ bf16 output and one workspace, `_workspace`), no host sync (capturable):
    into the fp32 output; the last program of an N tile rounds its columns to the bf16 result (or,
    with `fused_cast` off, a fourth launch rounds the whole output).
 
-On CUDA the GEMM launches are programmatic dependent launches (`launch_pdl`): each may start while
-the kernel before it ends (that kernel signals `gdc_launch_dependents` early) and waits (`gdc_wait`)
-before reading its results, which hides a launch's ramp behind the previous kernel's tail (an
+On CUDA the launches after the first are programmatic dependent launches (fp8_grouped.py `pdl_on`):
+each may start while the kernel before it ends (that kernel signals `gdc_launch_dependents` early) and
+waits (`gdc_wait`) before anything else, which hides a launch's ramp behind the previous kernel's tail (an
 experiment on 2026-11-28, H200: 1-2.6 us less at 1-32 tokens in graphs for the n64s8q and n128s8q
 configurations; loading the down GEMM's weights into the L2 before waiting made it 10-25% slower).
 
@@ -71,7 +71,7 @@ import triton.language as tl
 
 from kdispatch.kernels.triton.launches import Launches, call_key
 from kdispatch.kernels.triton.moe.fp8_grouped import (CAST_BLOCK, FP8_MAX, QBLOCK, _cast_kernel, _e4m3_grid,
-                                                      _route_token, cdiv, next_pow2)
+                                                      _route_token, cdiv, next_pow2, pdl_on)
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -254,7 +254,7 @@ def _gemm1_splitk_kernel(
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # the routing written and visible; then the down GEMM may start (it waits for this one)
+    if PDL:  # launched early (programmatic dependent launch): wait for the routing, let the next start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     _gemm1_tile(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, tl.program_id(0),
@@ -349,6 +349,7 @@ def _gemm2_kernel(
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     _gemm2_tile(w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, tl.program_id(0), tl.program_id(1),
                 tl.program_id(2), tl.num_programs(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
                 BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, 0)
@@ -369,6 +370,7 @@ def _gemms_kernel(
     one)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     _, _, _, _, _, _, counts = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
     ticket = tl.atomic_add(counts + slots * (INTER // QB) + HIDDEN // BLOCK_N2, 1, sem="relaxed")
     N1: tl.constexpr = INTER // BLOCK_N1
@@ -413,7 +415,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
         raise ValueError("hidden and intermediate sizes must be multiples of 128, BLOCK_N divide 128")
     if dot_fp32 is None:
         dot_fp32 = device.type != "cuda"
-    pdl = device.type == "cuda"  # programmatic dependent launches (the interpreter has no gdc_* ops)
+    pdl = pdl_on(hidden_states)
     out = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device=device)
     if num_tokens == 0:
         return out
@@ -452,7 +454,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
             num_stages=num_stages, launch_pdl=pdl)
     if not fused_cast:  # the accumulator follows the pair weights and local ids (`_workspace`)
         run(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, 2 * num_pairs, out, num_tokens * hidden,
-            CAST_BLOCK)
+            CAST_BLOCK, pdl, launch_pdl=pdl)
     return out
 
 
