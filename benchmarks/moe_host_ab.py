@@ -41,7 +41,7 @@ from kdispatch.workloads import SimpleWorkload, materialize
 
 DEF = "moe_fp8"
 GROUPED = ["triton_grouped_m16.fr", "triton_grouped_m32q.fr", "triton_grouped_m64q.fr"]
-DECODE = ["n128s4q", "n64s4qc"]
+DECODE = ["n128s8q", "n128s4q", "n64s4qc"]
 
 
 def host_us(fn, sets, calls: int = 40) -> float:

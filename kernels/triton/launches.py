@@ -61,16 +61,19 @@ class Launches:
         self._n = 0
         self._stream = None
 
-    def __call__(self, kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages: int = 3) -> None:
+    def __call__(self, kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages: int = 3,
+                 launch_pdl: bool = False) -> None:
+        """`launch_pdl`: a programmatic dependent launch (sm_90+): the kernel may start before the one
+        before it ends, and must wait for it (`tl.extra.cuda.gdc_wait`) before reading what it wrote."""
         n = self._n
         if (not isinstance(kernel, JITFunction) or _hooked(knobs.runtime.launch_enter_hook)
                 or _hooked(knobs.runtime.launch_exit_hook)):
-            kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, launch_pdl=launch_pdl)
             return
         self._n = n + 1
         done = self._done
         if n >= len(done):  # the first call with this key: the JIT call, its compiled kernel kept
-            compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
+            compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, launch_pdl=launch_pdl)
             if n == len(done):
                 done.append((kernel, compiled))
             return
@@ -82,6 +85,6 @@ class Launches:
             self._stream = driver.active.get_current_stream(driver.active.get_current_device())
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        # no launch metadata and no hooks: none is set
+        # no launch metadata and no hooks: none is set; the compiled kernel's launcher holds launch_pdl
         compiled.run(grid[0], g1, g2, self._stream, compiled.function, compiled.packed_metadata, None, None, None,
                      *args)

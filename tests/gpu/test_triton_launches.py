@@ -1,7 +1,8 @@
 """kernels/triton/launches.py on the GPU: a call whose key was seen reuses the kernels compiled by the
 first call with that key, launch by launch; another key (an alignment, a constexpr) compiles its
 own; a call that launches other kernels than its key's first call raises; launches inside a CUDA
-graph capture land on the capturing stream. Skipped without CUDA."""
+graph capture land on the capturing stream; a programmatic dependent launch waits for the kernel
+before it. Skipped without CUDA."""
 import pytest
 import torch
 
@@ -85,3 +86,37 @@ def test_captured_launches_replay():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, x * 2.0 + 1)
+
+
+def test_programmatic_dependent_launch_waits_for_the_kernel_before():
+    """A kernel launched with launch_pdl starts early and waits (gdc_wait) for the one before: a slow
+    producer's results are there, on the first (JIT) call and on calls that reuse its kernels."""
+    import triton
+    import triton.language as tl
+
+    from kdispatch.kernels.triton.launches import Launches, call_key
+
+    @triton.jit
+    def produce(x_ptr, n, ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_launch_dependents()  # the consumer may start at once
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + offs, mask=offs < n)
+        for _ in range(ROUNDS):  # slow enough that a consumer reading early would see the old values
+            v = v * 1.0000001 + 0.0
+        tl.store(x_ptr + offs, v + 1.0, mask=offs < n)
+
+    @triton.jit
+    def consume(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_wait()
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+    n, block = 1 << 20, 1024
+    for _ in range(3):
+        x = torch.zeros(n, device="cuda")
+        y = torch.full_like(x, float("nan"))
+        run = Launches((*call_key("test pdl", x, y), n, block))
+        run(produce, (n // block,), x, n, 2000, block)
+        run(consume, (n // block,), x, y, n, block, launch_pdl=True)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, torch.full_like(y, 2.0), atol=1e-2, rtol=0)

@@ -23,13 +23,18 @@ call is safe under CUDA-graph capture (the reference is not: it reads the expert
    therefore not fixed: results may differ in the last bits from call to call.
 
 Two allocations a call, the output and one workspace holding every intermediate (`_layout_regions`,
-`_y_regions`: offsets computed in the kernels, so no views are made on the host), and five launches
+`_y_regions`: offsets computed in the kernels, so no views are made on the host), and six launches
 keyed once per call (kernels/triton/launches.py). Eager calls at up to a few hundred tokens are bound
 by host time; until 2026-11-28 a call made eight allocations, a memset, a torch cast and four
 launches keyed one by one: 147-258 us of host time a call on the GPU machine, 76-134 since (H200,
-one run: benchmarks/results/moe-host-ab-H200.txt; graph times within 1% up to 512 tokens, the down
-GEMM 1-2% slower at 8-16k). A layout without the zeroing launch (each of 32 programs histogramming
-all pairs) took 100 us at 16k tokens where the atomics take 14.
+one run: benchmarks/results/moe-host-ab-H200.txt; graph times within 1% up to 512 tokens except
+m16 / m64q at 1-8 tokens, 2-3% slower: the zeroing launch; the down GEMM 1-2% slower at 8-16k). A
+layout without the zeroing launch (each of 32 programs histogramming all pairs) took 100 us at 16k
+tokens where the atomics take 14; rounding each token's row in the down GEMM when its last pair adds
+in, instead of the cast launch, cut 5-13 us of host time but made graphs 1-4% slower from 128 tokens
+(results/moe-grouped-fused-round-ab-H200.txt). On CUDA the launches after the first are programmatic
+dependent launches (`pdl_on`): each kernel may start while the one before it ends, and waits for it
+before anything else.
 
 Rounding differs from the reference (which dequantises to fp32): y is rounded to bf16 between the
 GEMMs, and the FP8 products are exact in fp32 accumulation. The contest tolerance for this
@@ -146,8 +151,11 @@ def _gemm1_swiglu_kernel(
     x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     _, _, _, row_pair_ptr, block_expert_ptr, _, end = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, True)
     y_scale_ptr, y_ptr = _y_regions(ws_ptr, end, num_tokens, INTER, TOP_K, NUM_LOCAL, BLOCK_M, QB, FP8_Y)
@@ -203,8 +211,11 @@ def _gemm2_scatter_kernel(
     w2_ptr, w2_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pair_weight_ptr, _, out_ptr, row_pair_ptr, block_expert_ptr, _, end = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, True)
     y_scale_ptr, y_ptr = _y_regions(ws_ptr, end, num_tokens, INTER, TOP_K, NUM_LOCAL, BLOCK_M, QB, FP8_Y)
@@ -283,8 +294,10 @@ def _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
 
 @triton.jit
 def _zero_counters_kernel(ws_ptr, num_tokens, HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
-                          BLOCK_M: tl.constexpr, ACC: tl.constexpr):
+                          BLOCK_M: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr):
     """The per-expert counters zeroed: the routing kernel counts into them."""
+    if PDL:  # the routing kernel may start now (it waits for this one)
+        tl.extra.cuda.gdc_launch_dependents()
     _, _, _, _, _, counters, _ = _layout_regions(ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
     COUNTERS: tl.constexpr = (NUM_LOCAL + 16) // 16 * 16
     for start in tl.static_range(0, 2 * COUNTERS, 16):
@@ -296,10 +309,14 @@ def _route_kernel(
     logits_ptr, bias_ptr, ws_ptr, num_tokens, local_offset, scaling,
     NUM_EXPERTS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOP_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
     NUM_LOCAL: tl.constexpr, HIDDEN: tl.constexpr, BLOCK_M: tl.constexpr, ACC: tl.constexpr, FILL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One token: its routing (`_route_token`) stored per pair and counted per local expert, its share
     of row_pair set to -1 (the padding the layout leaves), and with ACC its row of the fp32 output
     accumulator zeroed."""
+    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     weight_ptr, local_ptr, acc, row_pair, _, counts, _ = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
@@ -325,11 +342,14 @@ def _route_kernel(
 def _layout_kernel(
     ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr, LOCAL_POW2: tl.constexpr,
-    BLOCK_M: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr,
 ):
     """Places BLOCK_P pairs in their expert's rows (each expert's run starts a BLOCK_M block, after the
     padded runs of the experts before it; the order inside a run is the atomics' order) and writes
     BLOCK_P entries of block_expert (NUM_LOCAL past the last run: those programs exit)."""
+    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     _, local_ptr, _, row_pair, block_expert, counts, _ = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
@@ -351,9 +371,11 @@ def _layout_kernel(
 
 
 @triton.jit
-def _cast_kernel(ws_ptr, acc_word, out_ptr, n, BLOCK: tl.constexpr):
+def _cast_kernel(ws_ptr, acc_word, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """The fp32 accumulator at word `acc_word` of the workspace rounded to the bf16 output, BLOCK of
     its n elements a program (the grouped kernels', and the decode kernels' without FUSED_CAST)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < n
     tl.store(out_ptr + offs, tl.load(ws_ptr + acc_word + offs, mask=live).to(tl.bfloat16), mask=live)
@@ -390,16 +412,26 @@ def workspace_words(num_tokens: int, hidden: int, inter: int, num_local: int, bl
 def _route_layout(run: Launches, ws, routing_logits, routing_bias, local_expert_offset, routed_scaling_factor,
                   hidden: int, num_local: int, block_m: int, acc: bool) -> None:
     """The routing and the expert-sorted layout into `ws` (three launches through `run`; with `acc`
-    the output accumulator zeroed on the way)."""
+    the output accumulator zeroed on the way). On CUDA the second and third are programmatic dependent
+    launches (`pdl_on`); a kernel launched after them waits for the layout, by PDL or stream order."""
     num_tokens, num_experts = routing_logits.shape
+    pdl = pdl_on(ws)
     regions = (ws, num_tokens, hidden, ref.TOP_K, num_local, block_m, acc)
-    run(_zero_counters_kernel, (1,), *regions)
+    run(_zero_counters_kernel, (1,), *regions, pdl)
     run(_route_kernel, (num_tokens,), routing_logits, routing_bias, ws, num_tokens, int(local_expert_offset),
         float(routed_scaling_factor), num_experts, ref.NUM_GROUPS, ref.TOP_GROUPS, ref.TOP_K, num_local, hidden,
-        block_m, acc, FILL_BLOCK, num_warps=1)
+        block_m, acc, FILL_BLOCK, pdl, num_warps=1, launch_pdl=pdl)
     blocks = rows_of(num_tokens, num_local, block_m) // block_m
     run(_layout_kernel, (cdiv(max(num_tokens * ref.TOP_K, blocks), LAYOUT_BLOCK),), ws, num_tokens, hidden,
-        ref.TOP_K, num_local, next_pow2(num_local + 1), block_m, acc, LAYOUT_BLOCK)
+        ref.TOP_K, num_local, next_pow2(num_local + 1), block_m, acc, LAYOUT_BLOCK, pdl, launch_pdl=pdl)
+
+
+def pdl_on(t: torch.Tensor) -> bool:
+    """Whether an op's launches after its first are programmatic dependent launches: each may start
+    while the kernel before it ends and waits for it (`gdc_wait`) before reading; on CUDA (the
+    interpreter has no gdc_* ops). Every such kernel waits before anything else, so the chain keeps
+    stream order: a kernel ends only after the one before it has."""
+    return t.is_cuda
 
 
 def _fused_route_layout(routing_logits, routing_bias, local_expert_offset, routed_scaling_factor, num_local: int,
@@ -451,12 +483,13 @@ def moe_fp8_grouped(routing_logits, routing_bias, hidden_states, hidden_states_s
     blocks = rows_of(num_tokens, num_local, block_m) // block_m
     # the constexprs both GEMMs take after their runtime arguments
     shape = (hidden, inter, ref.TOP_K, num_local, block_m)
+    pdl = pdl_on(ws)
     run(_gemm1_swiglu_kernel, (blocks, inter // block_n1), x, x_scale, w13, w13_scale, ws, num_tokens, *shape,
-        block_n1, QBLOCK, fp8_y, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+        block_n1, QBLOCK, fp8_y, dot_fp32, pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl)
     run(_gemm2_scatter_kernel, (blocks, hidden // block_n2), w2, w2_scale, ws, num_tokens, *shape, block_n2,
-        QBLOCK, fp8_y, dot_fp32, num_warps=num_warps, num_stages=num_stages)
+        QBLOCK, fp8_y, dot_fp32, pdl, num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl)
     run(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, 2 * round16(num_tokens * ref.TOP_K), out,
-        num_tokens * hidden, CAST_BLOCK)
+        num_tokens * hidden, CAST_BLOCK, pdl, launch_pdl=pdl)
     return out
 
 
