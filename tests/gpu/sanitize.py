@@ -2,7 +2,7 @@
 compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on small contest shapes and on fuzzed
 hostile index tensors (tests/hostile.py). Run on the GPU machine:
 
-    python tests/gpu/sanitize.py [--tools memcheck racecheck ...] [--json OUT.json]
+    python tests/gpu/sanitize.py [--tools memcheck racecheck ...] [--definitions moe_fp8 ...] [--json OUT.json]
 
 It runs the payload once plainly (compiling every kernel into the Triton and NVRTC caches, so the
 sanitized runs compile nothing), then once per tool under `compute-sanitizer --tool T`, and prints
@@ -47,8 +47,9 @@ SANITIZED_BACKENDS = ("cuda", "triton")
 SANITIZED_LIBRARY = ("flashinfer_pool_inplace",)
 
 
-def payload() -> list[str]:
-    """Calls every CUDA and Triton variant that runs here; returns what it ran."""
+def payload(only: list[str] | None = None) -> list[str]:
+    """Calls every CUDA and Triton variant that runs here (of the definitions `only` names by short
+    name, if given); returns what it ran."""
     import torch
 
     from hostile import INDEXED, hostile
@@ -58,6 +59,8 @@ def payload() -> list[str]:
     here = arch.local_arch()
     ran = []
     for d in definitions.all_definitions():
+        if only and d.short not in only:
+            continue
         for v in registry.variants(d.name):
             if (v.backend not in SANITIZED_BACKENDS and v.name not in SANITIZED_LIBRARY) or v.why_not(here) is not None:
                 continue
@@ -86,12 +89,12 @@ def errors(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def sanitize(tool: str, timeout: float) -> dict:
+def sanitize(tool: str, timeout: float, only: list[str] | None) -> dict:
     # API errors are not reported: kdispatch.nvrtc counts a kernel's parameters by probing
     # cuKernelGetParamInfo until it fails, by design.
     cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "9", "--print-limit", "50",
            "--report-api-errors", "no",
-           sys.executable, str(Path(__file__).resolve()), "--payload"]
+           sys.executable, str(Path(__file__).resolve()), "--payload", *(["--definitions", *only] if only else [])]
     start = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -114,18 +117,20 @@ def main() -> int:
     ap.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per tool")
+    ap.add_argument("--definitions", nargs="+", choices=sorted(SHAPES), metavar="SHORT",
+                    help="these definitions only (short names: moe_fp8, gdn_decode, ...)")
     args = ap.parse_args()
     if args.payload:
-        ran = payload()
+        ran = payload(args.definitions)
         print(f"payload ran {len(ran)} calls")
         return 0
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     start = time.time()
-    ran = payload()  # warm the kernel caches, and fail fast on a plain error
+    ran = payload(args.definitions)  # warm the kernel caches, and fail fast on a plain error
     print(f"plain run: {len(ran)} calls in {time.time() - start:.0f} s", flush=True)
     results = []
     for t in args.tools:
-        results.append(r := sanitize(t, args.timeout))
+        results.append(r := sanitize(t, args.timeout, args.definitions))
         print(f"{r['tool']:<10} errors {r['errors']}  exit {r['exit']}  calls {r['calls']}  {r['seconds']} s"
               + "".join(f"\n    {f}" for f in r["findings"]))
         if r["tail"]:
