@@ -89,6 +89,20 @@ def peer(monkeypatch, request):
     fn = {"contiguous": deepgemm.moe_fp8_deepgemm, "masked": deepgemm.moe_fp8_deepgemm_masked,
           "fused-counted": functools.partial(deepgemm_fused.moe_fp8_deepgemm_fused, bound=False),
           "fused-bound": functools.partial(deepgemm_fused.moe_fp8_deepgemm_fused, bound=True)}[request.param]
+    if request.param.startswith("fused"):  # fresh buffers poisoned: a kernel may read only what one wrote
+        empty = torch.empty
+
+        def poisoned(*args, **kwargs):
+            t = empty(*args, **kwargs)
+            if t.dtype == torch.float8_e4m3fn:
+                t.view(torch.uint8).fill_(0x7F)  # NaN
+            elif t.is_floating_point():
+                t.fill_(float("nan"))
+            elif t.dtype != torch.bool:
+                t.fill_(torch.iinfo(t.dtype).max)
+            return t
+
+        monkeypatch.setattr(torch, "empty", poisoned)
     return fn, calls, request.param
 
 
