@@ -140,7 +140,7 @@ DECODE = kernel_module("kdispatch.kernels.triton.moe.fp8_decode")
 @pytest.mark.parametrize("T,seed,label,inter", [(1, 0, "n32s8", 128), (6, 1, "n64s4q", 256), (32, 6, "n128s8", 128),
                                                 (3, 2, "n128s8q", 128), (5, 7, "n64s4qc", 256),
                                                 (12, 4, "n128s4q", 256), (9, 8, "n64s4qf", 256),
-                                                (2, 10, "n128s8qf", 128)])
+                                                (2, 10, "n128s8qf", 128), (7, 11, "n128s8ql", 256)])
 def test_decode_matches_dense_formula(T, seed, label, inter, poisoned_buffers):
     """The decode kernels (a split of 8 is ragged over the small tests' 2 hidden blocks:
     empty splits must add nothing; an intermediate size of 256 gives the FP8 down projection two
@@ -150,6 +150,15 @@ def test_decode_matches_dense_formula(T, seed, label, inter, poisoned_buffers):
     want = _expected(*args, fp8_down=DECODE.CONFIGS[label].get("fp8_down", False))
     assert want.abs().max() > 0.1, "test inputs must route some tokens to this rank"
     _check(DECODE.moe_fp8_decode(*args, **DECODE.CONFIGS[label]), want)
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_decode_scales_loaded_ahead_or_late_over_several_steps(ahead, poisoned_buffers):
+    """Unsplit K (the registered splits leave the small tests one step a program): each program walks
+    both hidden and both intermediate blocks, so a scale taken from the wrong step shows."""
+    args = _inputs(5, 12, inter=256)
+    config = dict(DECODE.CONFIGS["n128s4q"], split_k=1, split_k2=1, scales_ahead=ahead)
+    _check(DECODE.moe_fp8_decode(*args, **config), _expected(*args, fp8_down=True))
 
 
 def test_decode_refuses_what_it_cannot_hold(poisoned_buffers):

@@ -25,6 +25,10 @@ bf16 output and one workspace, `_workspace`), no host sync (capturable):
    into the fp32 output; the last program of an N tile rounds its columns to the bf16 result (or,
    with `fused_cast` off, a fourth launch rounds the whole output).
 
+The scales are loaded a step ahead of their use (`scales_ahead`; the "l" configurations load them in
+the step, as before): n128s4q 5-9% faster at 4-16 tokens, 2% slower at one
+(results/moe-scales-ahead-ab-H200.txt), so the tuner weighs both.
+
 On CUDA the launches after the first are programmatic dependent launches (fp8_grouped.py `pdl_on`):
 each may start while the kernel before it ends (that kernel signals `gdc_launch_dependents` early) and
 waits (`gdc_wait`) before anything else, which hides a launch's ramp behind the previous kernel's tail (an
@@ -188,11 +192,12 @@ def _gemm1_tile(
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
-    SIGNAL_Y: tl.constexpr,
+    SIGNAL_Y: tl.constexpr, AHEAD: tl.constexpr,
 ):
     """Up/gate tile (pid_n, split) of the slot's expert; the last of a 128-column block's programs
     writes that block of y and, with SIGNAL_Y, counts once more when y is written (what the fused
-    kernel's down-GEMM tiles wait for)."""
+    kernel's down-GEMM tiles wait for). AHEAD (0 or 1): the per-block scales a step ahead of their
+    use or in it (`scales_ahead`)."""
     _, local_ptr, _, h_ptr, y_scale_ptr, y_ptr, counts = _workspace(
         ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
     e, _hits = _slot_expert(local_ptr, num_tokens * TOP_K, slot, PAIRS, NUM_LOCAL, LOCAL_POW2)
@@ -213,6 +218,12 @@ def _gemm1_tile(
 
     acc_up = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
     acc_gate = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
+    # with AHEAD the scales are loaded a step before their use (the pipeliner stages the dot operands'
+    # loads, not these); without it these first loads are dead
+    kbc = tl.minimum(kb0, KB - 1)
+    a_scale = tl.load(x_scale_ptr + kbc * num_tokens + t, mask=has & (t * 0 + kb0 < KB), other=0.0)
+    s_up = tl.load(up_scale_ptr + kbc)
+    s_gate = tl.load(gate_scale_ptr + kbc)
     for i in range(STEPS):
         # a step past the last hidden block (a ragged split) reads a clamped, in-bounds block and adds
         # nothing: its activations are masked to zero
@@ -220,15 +231,20 @@ def _gemm1_tile(
         kbc = tl.minimum(kb, KB - 1)
         live = has & (t * 0 + kb < KB)
         a = tl.load(a_ptrs + kbc * QB, mask=live[:, None], other=0.0)
-        a_scale = tl.load(x_scale_ptr + kbc * num_tokens + t, mask=live, other=0.0)
         w_up = tl.load(up_ptrs + kbc * QB)
         w_gate = tl.load(gate_ptrs + kbc * QB)
+        next_kbc = tl.minimum(kb + AHEAD, KB - 1)
+        next_a_scale = tl.load(x_scale_ptr + next_kbc * num_tokens + t, mask=has & (t * 0 + kb + AHEAD < KB),
+                               other=0.0)
+        next_s_up = tl.load(up_scale_ptr + next_kbc)
+        next_s_gate = tl.load(gate_scale_ptr + next_kbc)
+        if not AHEAD:
+            a_scale, s_up, s_gate = next_a_scale, next_s_up, next_s_gate
         if DOT_FP32:
             a, w_up, w_gate = a.to(tl.float32), w_up.to(tl.float32), w_gate.to(tl.float32)
-        s_up = tl.load(up_scale_ptr + kbc)
-        s_gate = tl.load(gate_scale_ptr + kbc)
         acc_up += tl.dot(a, tl.trans(w_up)) * (a_scale[:, None] * s_up)
         acc_gate += tl.dot(a, tl.trans(w_gate)) * (a_scale[:, None] * s_gate)
+        a_scale, s_up, s_gate = next_a_scale, next_s_up, next_s_gate
 
     h_rows = h_ptr + pair[:, None].to(tl.int64) * (2 * INTER) + offs_n[None, :]
     tl.atomic_add(h_rows, acc_up, mask=has[:, None], sem="relaxed")
@@ -252,14 +268,15 @@ def _gemm1_splitk_kernel(
     x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     if PDL:  # launched early (programmatic dependent launch): wait for the routing, let the next start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     _gemm1_tile(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, tl.program_id(0),
                 tl.program_id(1), tl.program_id(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
-                BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, False)
+                BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, False, AHEAD)
 
 
 @triton.jit
@@ -268,7 +285,7 @@ def _gemm2_tile(
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
-    FUSED_CAST: tl.constexpr, Y_READY: tl.constexpr,
+    FUSED_CAST: tl.constexpr, Y_READY: tl.constexpr, AHEAD: tl.constexpr,
 ):
     """Down tile (pid_n, split) of the slot's expert, added into the fp32 output; with Y_READY > 0 it
     first waits until each 128-column block of y it reads has that count (the fused kernel: y is
@@ -298,6 +315,7 @@ def _gemm2_tile(
         scale_ptr = w2_scale_ptr + e64 * (HIDDEN // QB) * KB + (pid_n * BLOCK_N // QB) * KB
 
         acc = tl.zeros([TOKENS, BLOCK_N], dtype=tl.float32)
+        w_scale = tl.load(scale_ptr + tl.minimum(kb0, KB - 1))  # AHEAD as in `_gemm1_tile`
         for i in range(STEPS):
             # steps past the end (a ragged split) read a clamped, in-bounds block and add nothing
             kb = kb0 + i
@@ -308,15 +326,19 @@ def _gemm2_tile(
             else:
                 y = tl.load(y_ptrs + kbc * QB, mask=live[:, None], other=0.0)
             w = tl.load(w_ptrs + kbc * QB)
+            next_w_scale = tl.load(scale_ptr + tl.minimum(kb + AHEAD, KB - 1))
+            if not AHEAD:
+                w_scale = next_w_scale
             if DOT_FP32:
                 y, w = y.to(tl.float32), w.to(tl.float32)
             elif not FP8_DOWN:
                 w = w.to(tl.bfloat16)
             if FP8_DOWN:  # FP8 x FP8 on the tensor cores, both scales applied per block
                 y_scale = tl.load(y_scale_ptr + pair * KB + kbc, mask=live, other=0.0, cache_modifier=".cg")
-                acc += tl.dot(y, tl.trans(w)) * (y_scale[:, None] * tl.load(scale_ptr + kbc))
+                acc += tl.dot(y, tl.trans(w)) * (y_scale[:, None] * w_scale)
             else:
-                acc += tl.dot(y, tl.trans(w)) * tl.load(scale_ptr + kbc)
+                acc += tl.dot(y, tl.trans(w)) * w_scale
+            w_scale = next_w_scale
 
         weight = tl.load(pair_weight_ptr + pair, mask=has, other=0.0)
         tl.atomic_add(acc_ptr + t[:, None].to(tl.int64) * HIDDEN + offs_n[None, :], acc * weight[:, None],
@@ -345,14 +367,14 @@ def _gemm2_kernel(
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
-    FUSED_CAST: tl.constexpr, PDL: tl.constexpr,
+    FUSED_CAST: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     _gemm2_tile(w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, tl.program_id(0), tl.program_id(1),
                 tl.program_id(2), tl.num_programs(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
-                BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, 0)
+                BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, 0, AHEAD)
 
 
 @triton.jit
@@ -361,7 +383,8 @@ def _gemms_kernel(
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     LOCAL_POW2: tl.constexpr, PAIRS: tl.constexpr, TOKENS: tl.constexpr, BLOCK_N1: tl.constexpr,
     SPLIT_K1: tl.constexpr, BLOCK_N2: tl.constexpr, SPLIT_K2: tl.constexpr, QB: tl.constexpr,
-    FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, FUSED_CAST: tl.constexpr, PDL: tl.constexpr,
+    FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, FUSED_CAST: tl.constexpr, AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Both GEMMs in one launch, a program per up/gate tile then per down tile. A program takes its
     tile by ticket (an atomic count the routing kernel zeroes), slot by slot: a down tile waits only
@@ -379,12 +402,13 @@ def _gemms_kernel(
     if ticket < up_tiles:
         _gemm1_tile(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, ticket % N1,
                     ticket // N1 % SPLIT_K1, ticket // (N1 * SPLIT_K1), HIDDEN, INTER, TOP_K, NUM_LOCAL,
-                    LOCAL_POW2, PAIRS, TOKENS, BLOCK_N1, SPLIT_K1, QB, FP8_DOWN, DOT_FP32, True)
+                    LOCAL_POW2, PAIRS, TOKENS, BLOCK_N1, SPLIT_K1, QB, FP8_DOWN, DOT_FP32, True, AHEAD)
     else:
         r = ticket - up_tiles
         _gemm2_tile(w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, r % N2, r // N2 % SPLIT_K2,
                     r // (N2 * SPLIT_K2), slots, HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
-                    BLOCK_N2, SPLIT_K2, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, SPLIT_K1 * (QB // BLOCK_N1) + 1)
+                    BLOCK_N2, SPLIT_K2, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, SPLIT_K1 * (QB // BLOCK_N1) + 1,
+                    AHEAD)
 
 
 ZERO_CHUNK = 4096  # accumulator words a routing program zeroes (a token's are 7168 + 8 * 4096 at full size)
@@ -402,7 +426,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
                    gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
                    routed_scaling_factor, *, block_n1: int, block_n2: int, split_k: int, split_k2: int,
                    num_warps: int, num_stages: int, fp8_down: bool = False, fused_cast: bool = True,
-                   fused_gemms: bool = False, dot_fp32: bool | None = None):
+                   fused_gemms: bool = False, scales_ahead: bool = True, dot_fp32: bool | None = None):
     """Routed FFN of this rank's experts for up to MAX_TOKENS tokens; returns [T, HIDDEN] bf16. Any
     HIDDEN and intermediate size that are multiples of 128 (the tests use small ones)."""
     num_tokens, hidden = hidden_states.shape
@@ -422,6 +446,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
     num_pairs = num_tokens * ref.TOP_K
     slots = min(num_local, num_pairs)  # at most this many experts are hit: the grid is static
     fp8_down, dot_fp32, fused_cast, fused_gemms = bool(fp8_down), bool(dot_fp32), bool(fused_cast), bool(fused_gemms)
+    ahead = int(bool(scales_ahead))
     num_counts = slots * (inter // QBLOCK) + hidden // block_n2 + fused_gemms  # + the fused kernel's ticket
     inputs = (routing_logits.contiguous(), routing_bias.contiguous(), hidden_states.contiguous(),
               hidden_states_scale.contiguous(), gemm1_weights.contiguous(), gemm1_weights_scale.contiguous(),
@@ -431,7 +456,7 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
                      device=device)
     run = Launches((*call_key("moe_fp8 decode", *inputs), num_tokens, hidden, inter, num_local, logits.shape[1],
                     int(local_expert_offset), block_n1, block_n2, split_k, split_k2, num_warps, num_stages, fp8_down,
-                    fused_cast, fused_gemms, dot_fp32))
+                    fused_cast, fused_gemms, ahead, dot_fp32))
     zero_split = cdiv(hidden + ref.TOP_K * 2 * inter, ZERO_CHUNK)
     run(_route_zero_kernel, (num_tokens, zero_split), logits, bias, ws, num_tokens, int(local_expert_offset),
         float(routed_scaling_factor), cdiv(hidden + ref.TOP_K * 2 * inter, zero_split), num_counts,
@@ -443,14 +468,14 @@ def moe_fp8_decode(routing_logits, routing_bias, hidden_states, hidden_states_sc
     if fused_gemms:
         tiles = (inter // block_n1 * split_k + hidden // block_n2 * split_k2) * slots
         run(_gemms_kernel, (tiles,), x, x_scale, w13, w13_scale, w2, w2_scale, ws, out, num_tokens, slots, *shape,
-            block_n1, split_k, block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, pdl, num_warps=num_warps,
-            num_stages=num_stages, launch_pdl=pdl)
+            block_n1, split_k, block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, ahead, pdl,
+            num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl)
     else:
         run(_gemm1_splitk_kernel, (inter // block_n1, split_k, slots), x, x_scale, w13, w13_scale, ws,
-            num_tokens, *shape, block_n1, split_k, QBLOCK, fp8_down, dot_fp32, pdl, num_warps=num_warps,
+            num_tokens, *shape, block_n1, split_k, QBLOCK, fp8_down, dot_fp32, ahead, pdl, num_warps=num_warps,
             num_stages=num_stages, launch_pdl=pdl)
         run(_gemm2_kernel, (hidden // block_n2, split_k2, slots), w2, w2_scale, ws, out, num_tokens, *shape,
-            block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, pdl, num_warps=num_warps,
+            block_n2, split_k2, QBLOCK, fp8_down, dot_fp32, fused_cast, ahead, pdl, num_warps=num_warps,
             num_stages=num_stages, launch_pdl=pdl)
     if not fused_cast:  # the accumulator follows the pair weights and local ids (`_workspace`)
         run(_cast_kernel, (cdiv(num_tokens * hidden, CAST_BLOCK),), ws, 2 * num_pairs, out, num_tokens * hidden,
@@ -474,7 +499,9 @@ def _decode_sized(features: dict, _config: dict) -> str | None:
 # weighs both per call mode; "f": both GEMMs in one launch (`fused_gemms`), likewise. "n128s4q": half
 # the K splits of n128s8q, the best of 159 tile / split / warp / stage combinations at 32 tokens and
 # within 5% of the best at 8 (benchmarks/moe_decode_sweep.py, results/moe-decode-sweep-H200.json); the
-# sweep found nothing better than the registered ones at 1.
+# sweep found nothing better than the registered ones at 1. "l": the scales loaded late, in the step
+# that uses them, as before `scales_ahead` (benchmarks/results/moe-scales-ahead-ab-H200.txt: loading
+# them a step ahead cut n128s4q 5-9% at 4-16 tokens and cost 2% at one token).
 CONFIGS = {
     "n32s8": dict(block_n1=32, block_n2=32, split_k=8, split_k2=4, num_warps=4, num_stages=3),
     "n64s8": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3),
@@ -494,6 +521,10 @@ CONFIGS = {
                      fused_gemms=True),
     "n64s4qf": dict(block_n1=64, block_n2=64, split_k=4, split_k2=2, num_warps=4, num_stages=3, fp8_down=True,
                     fused_gemms=True),
+    "n128s8ql": dict(block_n1=64, block_n2=128, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True,
+                     scales_ahead=False),
+    "n64s8ql": dict(block_n1=64, block_n2=64, split_k=8, split_k2=4, num_warps=4, num_stages=3, fp8_down=True,
+                    scales_ahead=False),
 }
 
 
