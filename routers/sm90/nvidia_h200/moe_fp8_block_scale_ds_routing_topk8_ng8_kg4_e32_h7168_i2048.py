@@ -6,33 +6,35 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T01:16:04Z
+# measured    up to 2026-11-29T03:13:20Z
 # workloads   39 (workload-set digest 233c4d03e8d34141)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  39/39  1.00x
-#   deepgemm_contiguous     5cdc4abb4ec6ae09  0/39  -  [39 screened out]
-#   deepgemm_fused          03ee6d73b14e967f  23/39  1.16x  [16 screened out]  [23 not graph-safe]
-#   deepgemm_fused_bound    ff5841801204c288  37/39  1.54x  [2 screened out]
-#   deepgemm_masked         ee5e29885cd196b0  19/26  0.85x  [7 screened out]
-#   triton_decode.n128s4q   4175a0ebfc42fecc  12/12  1.49x
-#   triton_decode.n128s4qf  4273c2c5c0fa4eee  12/12  1.40x
-#   triton_decode.n128s8    849c033acd4cba11  12/12  1.32x
-#   triton_decode.n128s8q   2e00219e9906d426  12/12  1.47x
-#   triton_decode.n128s8qc  a09728a379c0e322  12/12  1.49x
-#   triton_decode.n128s8qf  59e0ef6fe680d1b9  12/12  1.34x
-#   triton_decode.n32s8     5885db9ce1ec7e65  10/12  1.01x  [2 screened out]
-#   triton_decode.n64s4     f20aeb450b0f2f85  12/12  1.29x
-#   triton_decode.n64s4q    6364601771e67a6c  12/12  1.43x
-#   triton_decode.n64s4qc   8da4a217c500e4fb  12/12  1.44x
-#   triton_decode.n64s4qf   9e911e28ecb4648c  12/12  1.29x
-#   triton_decode.n64s8     b3fe84800a0d797b  12/12  1.21x
-#   triton_decode.n64s8q    1d1171f8659f23de  12/12  1.33x
-#   triton_grouped_m16.fr   6d50567db63a39c4  28/39  1.21x  [11 screened out]
-#   triton_grouped_m32.fr   69a670e991a3a59c  27/39  1.18x  [12 screened out]
-#   triton_grouped_m32q.fr  819a9a64caa0ed53  31/39  1.28x  [8 screened out]
-#   triton_grouped_m64.fr   d787261694f67d68  32/39  0.97x  [7 screened out]
-#   triton_grouped_m64q.fr  d2317a2099ab8ead  38/39  1.27x  [1 screened out]
+#   deepgemm_contiguous     dc7ce1d21fccb7bc  0/39  -  [39 screened out]
+#   deepgemm_fused          cfd3917d1684cdb2  29/39  1.10x  [10 screened out]  [29 not graph-safe]
+#   deepgemm_fused_bound    7fb0c5688ae0d534  37/39  1.54x  [2 screened out]
+#   deepgemm_masked         b72e770f9b77b9ee  18/26  0.87x  [8 screened out]
+#   triton_decode.n128s4q   f67db9c58ae696df  12/12  1.47x
+#   triton_decode.n128s4qf  81d6b6f00ab18ea7  12/12  1.39x
+#   triton_decode.n128s8    b20adb31d6af5225  12/12  1.33x
+#   triton_decode.n128s8q   e2ec089ba96aa83f  12/12  1.46x
+#   triton_decode.n128s8qc  3c7cee8142899fe9  12/12  1.47x
+#   triton_decode.n128s8qf  4d891d594d5653b4  12/12  1.34x
+#   triton_decode.n128s8ql  36a0cc390007db70  12/12  1.47x
+#   triton_decode.n32s8     1b03e32e24fda8ba  10/12  0.99x  [2 screened out]
+#   triton_decode.n64s4     fc075fab21038de0  12/12  1.29x
+#   triton_decode.n64s4q    f120d756cbefb7c4  12/12  1.42x
+#   triton_decode.n64s4qc   1c780ffdf63c1a54  12/12  1.42x
+#   triton_decode.n64s4qf   5a82d024cc05f6b4  12/12  1.28x
+#   triton_decode.n64s8     465b9dfe29a7a632  12/12  1.23x
+#   triton_decode.n64s8q    be0b7caf18faab96  12/12  1.32x
+#   triton_decode.n64s8ql   95d1456e4fe8c3a6  12/12  1.33x
+#   triton_grouped_m16.fr   215cc17b396fec7e  28/39  1.23x  [11 screened out]
+#   triton_grouped_m32.fr   9ee93348cd5a267a  27/39  1.18x  [12 screened out]
+#   triton_grouped_m32q.fr  c6e489636655cd5f  30/39  1.30x  [9 screened out]
+#   triton_grouped_m64.fr   47c3d908548459e8  29/39  1.04x  [10 screened out]
+#   triton_grouped_m64q.fr  46faf6cef478394a  38/39  1.41x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s4q   block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s4qf  block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
@@ -40,6 +42,7 @@
 #   triton_decode.n128s8q   block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s8qc  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True fused_cast=False
 #   triton_decode.n128s8qf  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
+#   triton_decode.n128s8ql  block_n1=64 block_n2=128 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True scales_ahead=False
 #   triton_decode.n32s8     block_n1=32 block_n2=32 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n64s4     block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3
 #   triton_decode.n64s4q    block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
@@ -47,47 +50,52 @@
 #   triton_decode.n64s4qf   block_n1=64 block_n2=64 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
 #   triton_decode.n64s8     block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3
 #   triton_decode.n64s8q    block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True
+#   triton_decode.n64s8ql   block_n1=64 block_n2=64 split_k=8 split_k2=4 num_warps=4 num_stages=3 fp8_down=True scales_ahead=False
 # fit         threshold splits over seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.97% mean, 13.16% max;
-#             2.329x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.97% mean, 25.72% max;
-#             3.473x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.28% mean, 17.19% max;
+#             2.305x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.53% mean, 38.06% max;
+#             3.560x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 3: triton_decode.n128s8q, 3 workloads, 2.03x (1.72x .. 2.33x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8qf, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n64s8, triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n32s8, triton_grouped_m64q.fr
-#   2. 3 < seq_len <= 40: triton_decode.n128s4q, 9 workloads, 1.40x (1.16x .. 1.86x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s8qc, triton_decode.n128s4qf, triton_decode.n64s4q, triton_decode.n128s8q
-#   3. 40 < seq_len <= 766: triton_grouped_m32q.fr, 14 workloads, 1.38x (1.29x .. 1.51x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64q.fr
-#   4. seq_len > 766: deepgemm_fused_bound, 13 workloads, 2.55x (1.58x .. 3.03x) over sglang_triton_moe
+#   1. seq_len <= 3: triton_decode.n128s8ql, 3 workloads, 2.02x (1.71x .. 2.31x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n128s8qf, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n32s8
+#   2. 3 < seq_len <= 15: triton_decode.n128s4qf, 5 workloads, 1.32x (1.16x .. 1.51x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_decode.n64s4qf, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8ql
+#   3. 15 < seq_len <= 40: triton_decode.n128s4q, 4 workloads, 1.50x (1.27x .. 1.78x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_decode.n128s8qc, triton_grouped_m64q.fr, triton_decode.n128s8ql, triton_decode.n128s8q, triton_decode.n64s4qc, triton_grouped_m32q.fr, triton_decode.n64s4q, triton_decode.n128s4qf, deepgemm_fused_bound, triton_grouped_m32.fr
+#   4. 40 < seq_len <= 362: triton_grouped_m32q.fr, 13 workloads, 1.37x (1.31x .. 1.41x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
+#   5. 362 < seq_len <= 1140: triton_grouped_m64q.fr, 3 workloads, 1.58x (1.44x .. 1.68x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m32.fr, triton_grouped_m64.fr
+#   6. seq_len > 1140: deepgemm_fused_bound, 11 workloads, 2.75x (2.11x .. 3.00x) over sglang_triton_moe; then triton_grouped_m64q.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 2: triton_decode.n64s8q, 3 workloads, 9.47x (6.05x .. 12.74x) over sglang_triton_moe; then triton_decode.n128s8qf, triton_decode.n64s8, triton_decode.n128s8, triton_decode.n128s4q, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n128s4qf, triton_decode.n64s4qf, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n64s4, triton_grouped_m64q.fr
-#   2. 2 < seq_len <= 14: triton_decode.n128s4qf, 4 workloads, 4.82x (2.74x .. 7.63x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n128s8qc, triton_decode.n64s4qc, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n128s8qf, triton_decode.n64s8q, triton_grouped_m16.fr, triton_decode.n64s8, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_decode.n32s8, triton_grouped_m64.fr, deepgemm_fused_bound
-#   3. 14 < seq_len <= 40: triton_decode.n128s4q, 5 workloads, 6.43x (4.92x .. 9.67x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n64s4qc, triton_decode.n128s4qf, triton_decode.n64s4q, triton_grouped_m16.fr, triton_decode.n64s4, triton_decode.n128s8, triton_decode.n128s8qf, triton_decode.n64s4qf, triton_decode.n64s8q, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_decode.n64s8, triton_grouped_m64.fr, deepgemm_fused_bound
-#   4. 40 < seq_len <= 57: triton_grouped_m32q.fr, 6 workloads, 2.70x (2.53x .. 3.02x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m64.fr
-#   5. 57 < seq_len <= 62: triton_grouped_m16.fr, 3 workloads, 2.93x (2.68x .. 3.29x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64.fr
-#   6. 62 < seq_len <= 803: triton_grouped_m32q.fr, 5 workloads, 3.40x (2.73x .. 4.27x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m64.fr
-#   7. 803 < seq_len <= 2179: triton_grouped_m64q.fr, 3 workloads, 2.59x (2.56x .. 2.64x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m32.fr, deepgemm_fused, triton_grouped_m64.fr, triton_grouped_m16.fr
-#   8. seq_len > 2179: deepgemm_fused_bound, 10 workloads, 3.37x (2.64x .. 4.00x) over sglang_triton_moe; then deepgemm_fused
+#   1. seq_len <= 3: triton_decode.n64s8ql, 3 workloads, 12.22x (8.20x .. 18.61x) over sglang_triton_moe; then triton_decode.n64s8, triton_decode.n128s8q, triton_decode.n128s8ql, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8qc, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n128s4qf, triton_decode.n32s8, triton_grouped_m16.fr
+#   2. 3 < seq_len <= 14: triton_decode.n64s4q, 4 workloads, 4.92x (3.19x .. 7.98x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s4q, triton_decode.n128s4qf, triton_decode.n128s8ql, triton_decode.n128s8q, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n64s4qf, triton_decode.n128s8qc, triton_decode.n64s4, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_grouped_m16.fr, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused_bound
+#   3. 14 < seq_len <= 40: triton_decode.n128s4q, 5 workloads, 6.38x (4.97x .. 8.41x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4qc, triton_decode.n128s8ql, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n128s8q, triton_grouped_m32q.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n64s8q, triton_decode.n64s8ql, triton_decode.n128s8, triton_grouped_m32.fr, triton_decode.n128s8qf, triton_decode.n64s8, triton_grouped_m64.fr, deepgemm_fused_bound
+#   4. 40 < seq_len <= 57: triton_grouped_m32q.fr, 6 workloads, 3.00x (2.90x .. 3.10x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64.fr, deepgemm_fused, deepgemm_masked
+#   5. 57 < seq_len <= 63: triton_grouped_m64q.fr, 3 workloads, 2.99x (2.82x .. 3.33x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   6. 63 < seq_len <= 160: triton_grouped_m32q.fr, 3 workloads, 3.69x (3.11x .. 4.22x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, deepgemm_fused_bound, triton_grouped_m64.fr, deepgemm_fused, deepgemm_masked
+#   7. 160 < seq_len <= 2171: triton_grouped_m64q.fr, 5 workloads, 2.99x (2.69x .. 3.79x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m64.fr, triton_grouped_m32.fr, deepgemm_fused
+#   8. seq_len > 2171: deepgemm_fused_bound, 10 workloads, 3.44x (3.04x .. 3.86x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.72, 2.03, 2.33), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s8', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_grouped_m64q.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (1.16, 1.4, 1.86), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s8qc', 'triton_decode.n128s4qf', 'triton_decode.n64s4q', 'triton_decode.n128s8q')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 766)}, 'workloads': 14, 'speedup': (1.29, 1.38, 1.51), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr')},
-    {'region': 4, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (766, None)}, 'workloads': 13, 'speedup': (1.58, 2.55, 3.03), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.71, 2.02, 2.31), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8')},
+    {'region': 2, 'variant': 'triton_decode.n128s4qf', 'bounds': {'seq_len': (3, 15)}, 'workloads': 5, 'speedup': (1.16, 1.32, 1.51), 'fallbacks': ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8ql')},
+    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (15, 40)}, 'workloads': 4, 'speedup': (1.27, 1.5, 1.78), 'fallbacks': ('triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m64q.fr', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'deepgemm_fused_bound', 'triton_grouped_m32.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 362)}, 'workloads': 13, 'speedup': (1.31, 1.37, 1.41), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
+    {'region': 5, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (362, 1140)}, 'workloads': 3, 'speedup': (1.44, 1.58, 1.68), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
+    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1140, None)}, 'workloads': 11, 'speedup': (2.11, 2.75, 3.0), 'fallbacks': ('triton_grouped_m64q.fr',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n64s8q', 'bounds': {'seq_len': (None, 2)}, 'workloads': 3, 'speedup': (6.05, 9.47, 12.74), 'fallbacks': ('triton_decode.n128s8qf', 'triton_decode.n64s8', 'triton_decode.n128s8', 'triton_decode.n128s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_grouped_m64q.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s4qf', 'bounds': {'seq_len': (2, 14)}, 'workloads': 4, 'speedup': (2.74, 4.82, 7.63), 'fallbacks': ('triton_decode.n128s4q', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_decode.n32s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (14, 40)}, 'workloads': 5, 'speedup': (4.92, 6.43, 9.67), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n64s4q', 'triton_grouped_m16.fr', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n64s8q', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_decode.n64s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 57)}, 'workloads': 6, 'speedup': (2.53, 2.7, 3.02), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr')},
-    {'region': 5, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (57, 62)}, 'workloads': 3, 'speedup': (2.68, 2.93, 3.29), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr')},
-    {'region': 6, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (62, 803)}, 'workloads': 5, 'speedup': (2.73, 3.4, 4.27), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr')},
-    {'region': 7, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (803, 2179)}, 'workloads': 3, 'speedup': (2.56, 2.59, 2.64), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m32.fr', 'deepgemm_fused', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr')},
-    {'region': 8, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (2179, None)}, 'workloads': 10, 'speedup': (2.64, 3.37, 4.0), 'fallbacks': ('deepgemm_fused',)},
+    {'region': 1, 'variant': 'triton_decode.n64s8ql', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.2, 12.22, 18.61), 'fallbacks': ('triton_decode.n64s8', 'triton_decode.n128s8q', 'triton_decode.n128s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
+    {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (3, 14)}, 'workloads': 4, 'speedup': (3.19, 4.92, 7.98), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound')},
+    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (14, 40)}, 'workloads': 5, 'speedup': (4.97, 6.38, 8.41), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n64s8q', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_grouped_m32.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 57)}, 'workloads': 6, 'speedup': (2.9, 3.0, 3.1), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused', 'deepgemm_masked')},
+    {'region': 5, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (57, 63)}, 'workloads': 3, 'speedup': (2.82, 2.99, 3.33), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 6, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 160)}, 'workloads': 3, 'speedup': (3.11, 3.69, 4.22), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused', 'deepgemm_masked')},
+    {'region': 7, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (160, 2171)}, 'workloads': 5, 'speedup': (2.69, 2.99, 3.79), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused')},
+    {'region': 8, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (2171, None)}, 'workloads': 10, 'speedup': (3.04, 3.44, 3.86), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr')},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -95,45 +103,51 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.03x (1.72x .. 2.33x) over sglang_triton_moe
+    # region 1: 3 workloads, 2.02x (1.71x .. 2.31x) over sglang_triton_moe
     if seq_len <= 3:
-        return ('triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s8', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_grouped_m64q.fr') if inside else 'triton_decode.n128s8q'
-    # region 2: 9 workloads, 1.40x (1.16x .. 1.86x) over sglang_triton_moe
-    if 3 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8qc', 'triton_decode.n128s4qf', 'triton_decode.n64s4q', 'triton_decode.n128s8q') if inside else 'triton_decode.n128s4q'
-    # region 3: 14 workloads, 1.38x (1.29x .. 1.51x) over sglang_triton_moe
-    if 40 < seq_len <= 766:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 13 workloads, 2.55x (1.58x .. 3.03x) over sglang_triton_moe
-    if seq_len > 766:
-        return 'deepgemm_fused_bound'
+        return ('triton_decode.n128s8ql', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8ql'
+    # region 2: 5 workloads, 1.32x (1.16x .. 1.51x) over sglang_triton_moe
+    if 3 < seq_len <= 15:
+        return ('triton_decode.n128s4qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8ql') if inside else 'triton_decode.n128s4qf'
+    # region 3: 4 workloads, 1.50x (1.27x .. 1.78x) over sglang_triton_moe
+    if 15 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m64q.fr', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'deepgemm_fused_bound', 'triton_grouped_m32.fr') if inside else 'triton_decode.n128s4q'
+    # region 4: 13 workloads, 1.37x (1.31x .. 1.41x) over sglang_triton_moe
+    if 40 < seq_len <= 362:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
+    # region 5: 3 workloads, 1.58x (1.44x .. 1.68x) over sglang_triton_moe
+    if 362 < seq_len <= 1140:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m64q.fr'
+    # region 6: 11 workloads, 2.75x (2.11x .. 3.00x) over sglang_triton_moe
+    if seq_len > 1140:
+        return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 9.47x (6.05x .. 12.74x) over sglang_triton_moe
-    if seq_len <= 2:
-        return ('triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s8', 'triton_decode.n128s8', 'triton_decode.n128s4q', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_grouped_m64q.fr') if inside else 'triton_decode.n64s8q'
-    # region 2: 4 workloads, 4.82x (2.74x .. 7.63x) over sglang_triton_moe
-    if 2 < seq_len <= 14:
-        return ('triton_decode.n128s4qf', 'triton_decode.n128s4q', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n64s8q', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_decode.n32s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4qf'
-    # region 3: 5 workloads, 6.43x (4.92x .. 9.67x) over sglang_triton_moe
+    # region 1: 3 workloads, 12.22x (8.20x .. 18.61x) over sglang_triton_moe
+    if seq_len <= 3:
+        return ('triton_decode.n64s8ql', 'triton_decode.n64s8', 'triton_decode.n128s8q', 'triton_decode.n128s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n64s8ql'
+    # region 2: 4 workloads, 4.92x (3.19x .. 7.98x) over sglang_triton_moe
+    if 3 < seq_len <= 14:
+        return ('triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound') if inside else 'triton_decode.n64s4q'
+    # region 3: 5 workloads, 6.38x (4.97x .. 8.41x) over sglang_triton_moe
     if 14 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n64s4q', 'triton_grouped_m16.fr', 'triton_decode.n64s4', 'triton_decode.n128s8', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n64s8q', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_decode.n64s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
-    # region 4: 6 workloads, 2.70x (2.53x .. 3.02x) over sglang_triton_moe
+        return ('triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n64s8q', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_grouped_m32.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 4: 6 workloads, 3.00x (2.90x .. 3.10x) over sglang_triton_moe
     if 40 < seq_len <= 57:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 5: 3 workloads, 2.93x (2.68x .. 3.29x) over sglang_triton_moe
-    if 57 < seq_len <= 62:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m16.fr'
-    # region 6: 5 workloads, 3.40x (2.73x .. 4.27x) over sglang_triton_moe
-    if 62 < seq_len <= 803:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 7: 3 workloads, 2.59x (2.56x .. 2.64x) over sglang_triton_moe
-    if 803 < seq_len <= 2179:
-        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m32.fr', 'deepgemm_fused', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m64q.fr'
-    # region 8: 10 workloads, 3.37x (2.64x .. 4.00x) over sglang_triton_moe
-    if seq_len > 2179:
-        return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused', 'deepgemm_masked') if inside else 'triton_grouped_m32q.fr'
+    # region 5: 3 workloads, 2.99x (2.82x .. 3.33x) over sglang_triton_moe
+    if 57 < seq_len <= 63:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
+    # region 6: 3 workloads, 3.69x (3.11x .. 4.22x) over sglang_triton_moe
+    if 63 < seq_len <= 160:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'deepgemm_fused', 'deepgemm_masked') if inside else 'triton_grouped_m32q.fr'
+    # region 7: 5 workloads, 2.99x (2.69x .. 3.79x) over sglang_triton_moe
+    if 160 < seq_len <= 2171:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
+    # region 8: 10 workloads, 3.44x (3.04x .. 3.86x) over sglang_triton_moe
+    if seq_len > 2171:
+        return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
