@@ -4,18 +4,8 @@ synchronised calls) and host time until the call returns, per token count and co
 outputs of both compared. For a change that should cut host time without costing device time.
 
 The earlier modules are read from a folder (the GPU machine has no git): on the dev box,
-
-    mkdir -p /tmp/moe-old && git show REV:kernels/triton/moe/fp8_grouped.py | sed '/^def _register/,$d' \\
-        > /tmp/moe-old/old_grouped.py && git show REV:kernels/triton/moe/fp8_decode.py | sed '/^@variant(/,$d' \\
-        | sed 's/from kdispatch.kernels.triton.moe.fp8_grouped import/from old_grouped import/' \\
-        > /tmp/moe-old/old_decode.py && sed -i 's/call_key("moe_fp8 /call_key("old moe_fp8 /' /tmp/moe-old/*.py
-
-(their registrations cut: the registry holds the working tree's; their launch keys renamed: two
-kernels of one name under one key are refused), copied into the tree, then
-
-    git show REV:kernels/library/moe/deepgemm_fused.py | sed '/^@variant(/,$d' > /tmp/moe-old/old_deepgemm_fused.py
-
-adds `deepgemm_fused_bound` (where DeepGEMM imports: after its bundle's setup), and then
+`bash benchmarks/moe_ab_old.sh REV` writes it (moe-old/, registrations cut and launch keys renamed;
+`deepgemm_fused_bound` is timed where DeepGEMM imports: after its bundle's setup), then on the GPU machine
 
     python benchmarks/moe_host_ab.py --old moe-old [--seq-lens 1 8 32 128 512 2048] [--rounds 3]
 
