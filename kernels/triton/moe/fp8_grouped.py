@@ -292,12 +292,13 @@ def _route_token(logits_ptr, bias_ptr, t, local_offset, scaling,
     cand = tl.reshape(tl.where(keep[:, None], sel, float("-inf")), (NUM_EXPERTS,))
     ks = tl.arange(0, TOP_K)
     ids = tl.zeros([TOP_K], dtype=tl.int32)
-    w = tl.zeros([TOP_K], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         e = tl.argmax(cand, axis=0)
         ids = tl.where(ks == j, e, ids)
-        w = tl.where(ks == j, tl.sum(tl.where(offs == e, score, 0.0), axis=0), w)
         cand = tl.where(offs == e, float("-inf"), cand)
+    # the chosen experts' scores gathered afterwards (the logits row is in L1): one reduction a choice
+    # fewer than picking each out of `score` as it is chosen
+    w = tl.sigmoid(tl.load(logits_ptr + t.to(tl.int64) * NUM_EXPERTS + ids).to(tl.float32))
     w = w / (tl.sum(w, axis=0) + 1e-20) * scaling
     local = ids - local_offset
     is_local = (local >= 0) & (local < NUM_LOCAL)
