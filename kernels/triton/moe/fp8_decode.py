@@ -75,7 +75,7 @@ import triton.language as tl
 
 from kdispatch.kernels.triton.launches import Launches, call_key
 from kdispatch.kernels.triton.moe.fp8_grouped import (CAST_BLOCK, FP8_MAX, QBLOCK, _cast_kernel, _e4m3_grid,
-                                                      _route_token, cdiv, next_pow2, pdl_on)
+                                                      _pdl_enter, _route_token, cdiv, next_pow2, pdl_on)
 from kdispatch.references import moe_fp8 as ref
 from kdispatch.registry import variant
 
@@ -271,9 +271,7 @@ def _gemm1_splitk_kernel(
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr, AHEAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # launched early (programmatic dependent launch): wait for the routing, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)  # launched early: waits for the routing, lets the next start
     _gemm1_tile(x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens, tl.program_id(0),
                 tl.program_id(1), tl.program_id(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
                 BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, False, AHEAD)
@@ -369,9 +367,7 @@ def _gemm2_kernel(
     SPLIT_K: tl.constexpr, QB: tl.constexpr, FP8_DOWN: tl.constexpr, DOT_FP32: tl.constexpr,
     FUSED_CAST: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)
     _gemm2_tile(w2_ptr, w2_scale_ptr, ws_ptr, out_ptr, num_tokens, tl.program_id(0), tl.program_id(1),
                 tl.program_id(2), tl.num_programs(2), HIDDEN, INTER, TOP_K, NUM_LOCAL, LOCAL_POW2, PAIRS, TOKENS,
                 BLOCK_N, SPLIT_K, QB, FP8_DOWN, DOT_FP32, FUSED_CAST, 0, AHEAD)
@@ -391,9 +387,7 @@ def _gemms_kernel(
     on up/gate tiles with smaller tickets, which programs already running hold, so the waits end
     whatever order the hardware starts programs in (and under the interpreter, which runs them one by
     one)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)
     _, _, _, _, _, _, counts = _workspace(ws_ptr, num_tokens, HIDDEN, INTER, TOP_K, QB, FP8_DOWN)
     ticket = tl.atomic_add(counts + slots * (INTER // QB) + HIDDEN // BLOCK_N2, 1, sem="relaxed")
     N1: tl.constexpr = INTER // BLOCK_N1

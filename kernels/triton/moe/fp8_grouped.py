@@ -150,15 +150,22 @@ def _y_regions(ws_ptr, end, num_tokens, INTER: tl.constexpr, TOP_K: tl.constexpr
 
 
 @triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """A programmatic dependent launch's first step (`pdl_on`): wait until the kernel before it has
+    ended and its writes are visible, then let the kernel after it start launching."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _gemm1_swiglu_kernel(
     x_ptr, x_scale_ptr, w13_ptr, w13_scale_ptr, ws_ptr, num_tokens,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, NUM_LOCAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr,
     DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)
     _, _, _, row_pair_ptr, block_expert_ptr, _, end = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, True)
     y_scale_ptr, y_ptr = _y_regions(ws_ptr, end, num_tokens, INTER, TOP_K, NUM_LOCAL, BLOCK_M, QB, FP8_Y)
@@ -222,9 +229,7 @@ def _gemm2_scatter_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr, FP8_Y: tl.constexpr,
     DOT_FP32: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)
     pair_weight_ptr, _, out_ptr, row_pair_ptr, block_expert_ptr, _, end = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, True)
     y_scale_ptr, y_ptr = _y_regions(ws_ptr, end, num_tokens, INTER, TOP_K, NUM_LOCAL, BLOCK_M, QB, FP8_Y)
@@ -327,9 +332,7 @@ def _route_kernel(
     """One token: its routing (`_route_token`) stored per pair and counted per local expert, its share
     of row_pair set to -1 (the padding the layout leaves), and with ACC its row of the fp32 output
     accumulator zeroed."""
-    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)
     t = tl.program_id(0)
     weight_ptr, local_ptr, acc, row_pair, _, counts, _ = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
@@ -360,9 +363,7 @@ def _layout_kernel(
     """Places BLOCK_P pairs in their expert's rows (each expert's run starts a BLOCK_M block, after the
     padded runs of the experts before it; the order inside a run is the atomics' order) and writes
     BLOCK_P entries of block_expert (NUM_LOCAL past the last run: those programs exit)."""
-    if PDL:  # launched early (programmatic dependent launch): wait for the kernel before, let the next start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(PDL)
     pid = tl.program_id(0)
     _, local_ptr, _, row_pair, block_expert, counts, _ = _layout_regions(
         ws_ptr, num_tokens, HIDDEN, TOP_K, NUM_LOCAL, BLOCK_M, ACC)
