@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--old", required=True,
                     help="folder holding old_grouped.py and old_decode.py (and old_deepgemm_fused.py)")
     ap.add_argument("--only", nargs="+", help="these cases only (names as printed)")
+    ap.add_argument("--decode", nargs="+", default=DECODE,
+                    help="decode configurations; OLD:NEW times the earlier revision's OLD against this one's NEW")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1, 8, 32, 128, 512, 2048])
     ap.add_argument("--rounds", type=int, default=1, help="alternating timing rounds per case")
     opts = ap.parse_args()
@@ -94,12 +96,15 @@ def main() -> None:
         cases = [(name, old_grouped.moe_fp8_grouped, fp8_grouped.moe_fp8_grouped, fp8_grouped.CONFIGS[name])
                  for name in GROUPED] + deepgemm
         if seq_len <= fp8_decode.MAX_TOKENS:
-            cases += [(f"triton_decode.{label}", old_decode.moe_fp8_decode, fp8_decode.moe_fp8_decode,
-                       fp8_decode.CONFIGS[label]) for label in DECODE]
-        for name, old_fn, new_fn, config in cases:
+            for labels in opts.decode:
+                old_label, _, new_label = labels.partition(":")
+                cases.append((f"triton_decode.{labels}", old_decode.moe_fp8_decode, fp8_decode.moe_fp8_decode,
+                              old_decode.CONFIGS[old_label], fp8_decode.CONFIGS[new_label or old_label]))
+        for name, old_fn, new_fn, *configs in cases:
             if opts.only and name not in opts.only:
                 continue
-            pair = {"old": lambda *a, f=old_fn: f(*a, **config), "new": lambda *a, f=new_fn: f(*a, **config)}
+            old_config, new_config = configs if len(configs) == 2 else configs * 2
+            pair = {"old": lambda *a, f=old_fn: f(*a, **old_config), "new": lambda *a, f=new_fn: f(*a, **new_config)}
             old_out, new_out = pair["old"](*args).float(), pair["new"](*args).float()
             diff, scale = (old_out - new_out).abs().max().item(), old_out.abs().max().item()
             finite = bool(torch.isfinite(new_out).all())
