@@ -8,36 +8,36 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T03:13:20Z
+# measured    up to 2026-11-29T04:20:27Z
 # workloads   39 on each of 2 devices (workload-set digest 56f1db2354616018)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_triton_moe       369eca1758853bb6  66/66  1.00x
-#   deepgemm_contiguous     dc7ce1d21fccb7bc  27/66  0.45x  [39 screened out]  [27 not graph-safe]
-#   deepgemm_fused          cfd3917d1684cdb2  56/66  1.09x  [10 screened out]  [56 not graph-safe]
-#   deepgemm_fused_bound    7fb0c5688ae0d534  64/66  1.57x  [2 screened out]
-#   deepgemm_masked         b72e770f9b77b9ee  32/40  0.84x  [8 screened out]
+#   deepgemm_contiguous     2cb62d76e5fa9376  27/66  0.45x  [39 screened out]  [27 not graph-safe]
+#   deepgemm_fused          419cb19d0f340bde  54/66  1.10x  [12 screened out]  [54 not graph-safe]
+#   deepgemm_fused_bound    cdd86ca218aaeeab  64/66  1.58x  [2 screened out]
+#   deepgemm_masked         6c822a7eea817365  32/40  0.84x  [8 screened out]
 #   reference               c16a3bde9b55b3d2  23/23  0.05x
-#   triton_decode.n128s4q   f67db9c58ae696df  12/12  1.47x
-#   triton_decode.n128s4qf  81d6b6f00ab18ea7  12/12  1.39x
-#   triton_decode.n128s8    b20adb31d6af5225  12/12  1.33x
-#   triton_decode.n128s8q   e2ec089ba96aa83f  12/12  1.46x
-#   triton_decode.n128s8qc  3c7cee8142899fe9  12/12  1.47x
-#   triton_decode.n128s8qf  4d891d594d5653b4  12/12  1.34x
-#   triton_decode.n128s8ql  36a0cc390007db70  12/12  1.47x
-#   triton_decode.n32s8     1b03e32e24fda8ba  10/12  0.99x  [2 screened out]
-#   triton_decode.n64s4     fc075fab21038de0  12/12  1.29x
-#   triton_decode.n64s4q    f120d756cbefb7c4  12/12  1.42x
-#   triton_decode.n64s4qc   1c780ffdf63c1a54  12/12  1.42x
-#   triton_decode.n64s4qf   5a82d024cc05f6b4  12/12  1.28x
-#   triton_decode.n64s8     465b9dfe29a7a632  12/12  1.23x
-#   triton_decode.n64s8q    be0b7caf18faab96  12/12  1.32x
-#   triton_decode.n64s8ql   95d1456e4fe8c3a6  12/12  1.33x
-#   triton_grouped_m16.fr   215cc17b396fec7e  55/66  1.05x  [11 screened out]
-#   triton_grouped_m32.fr   9ee93348cd5a267a  54/66  1.14x  [12 screened out]
-#   triton_grouped_m32q.fr  c6e489636655cd5f  57/66  1.25x  [9 screened out]
-#   triton_grouped_m64.fr   47c3d908548459e8  56/66  1.07x  [10 screened out]
-#   triton_grouped_m64q.fr  46faf6cef478394a  65/66  1.36x  [1 screened out]
+#   triton_decode.n128s4q   e0bca5e10bd5a84c  12/12  1.48x
+#   triton_decode.n128s4qf  dd0ecac7aa1a7d9d  12/12  1.40x
+#   triton_decode.n128s8    429b35b4a789cd17  12/12  1.34x
+#   triton_decode.n128s8q   3e80540dc37fa3ba  12/12  1.47x
+#   triton_decode.n128s8qc  a4a136411f0c0e2d  12/12  1.49x
+#   triton_decode.n128s8qf  aaf5a0eebcaf3bdc  12/12  1.35x
+#   triton_decode.n128s8ql  d7c7cc0c974973a8  12/12  1.48x
+#   triton_decode.n32s8     e8151844aff3aa22  10/12  0.99x  [2 screened out]
+#   triton_decode.n64s4     8126814bf16593f4  12/12  1.30x
+#   triton_decode.n64s4q    e597313dbfbe86d6  12/12  1.42x
+#   triton_decode.n64s4qc   4bd9ba6e761fc61e  12/12  1.43x
+#   triton_decode.n64s4qf   72422d2acbf96cd3  12/12  1.28x
+#   triton_decode.n64s8     2ccb7b49487e3902  12/12  1.23x
+#   triton_decode.n64s8q    305d13e05d4ab6c2  12/12  1.33x
+#   triton_decode.n64s8ql   8a0f0b1bbe5c00d8  12/12  1.34x
+#   triton_grouped_m16.fr   68f14a7a327125c2  55/66  1.05x  [11 screened out]
+#   triton_grouped_m32.fr   7bee02aec34eb812  53/66  1.14x  [13 screened out]
+#   triton_grouped_m32q.fr  7e936ee761a2f61c  59/66  1.24x  [7 screened out]
+#   triton_grouped_m64.fr   876e1ddd11948efc  60/66  1.07x  [6 screened out]
+#   triton_grouped_m64q.fr  e0d2cc9d35c7861c  64/66  1.36x  [2 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   triton_decode.n128s4q   block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True
 #   triton_decode.n128s4qf  block_n1=64 block_n2=128 split_k=4 split_k2=2 num_warps=4 num_stages=3 fp8_down=True fused_gemms=True
@@ -59,40 +59,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.60% mean, 17.19% max;
-#             2.265x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.97% mean, 38.06% max;
-#             3.148x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.58% mean, 17.24% max;
+#             2.285x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.49% mean, 90.19% max;
+#             3.095x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. seq_len <= 3: triton_decode.n128s8ql, 3 workloads, 2.02x (1.71x .. 2.31x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n128s8qf, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n32s8
-#   2. 3 < seq_len <= 15: triton_decode.n128s4qf, 5 workloads, 1.32x (1.16x .. 1.51x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_decode.n64s4qf, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8ql
+#   1. seq_len <= 3: triton_decode.n128s8ql, 3 workloads, 2.06x (1.73x .. 2.35x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n128s8qf, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n32s8
+#   2. 3 < seq_len <= 15: triton_decode.n128s4qf, 5 workloads, 1.33x (1.17x .. 1.52x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_decode.n64s4qf, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8ql
 #   3. 15 < seq_len <= 40: triton_decode.n128s4q, 4 workloads, 1.50x (1.27x .. 1.78x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_decode.n128s8qc, triton_grouped_m64q.fr, triton_decode.n128s8ql, triton_decode.n128s8q, triton_decode.n64s4qc, triton_grouped_m32q.fr, triton_decode.n64s4q, triton_decode.n128s4qf, deepgemm_fused_bound, triton_grouped_m32.fr
-#   4. 40 < seq_len <= 833: triton_grouped_m32q.fr, 28 workloads, 1.31x (1.20x .. 1.51x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
-#   5. seq_len > 833: deepgemm_fused_bound, 26 workloads, 2.45x (1.43x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr
+#   4. 40 < seq_len <= 881: triton_grouped_m32q.fr, 28 workloads, 1.31x (1.20x .. 1.51x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
+#   5. seq_len > 881: deepgemm_fused_bound, 26 workloads, 2.48x (1.43x .. 3.18x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n64s8ql, 3 workloads, 12.22x (8.20x .. 18.61x) over sglang_triton_moe; then triton_decode.n64s8, triton_decode.n128s8q, triton_decode.n128s8ql, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8qc, triton_decode.n128s8qf, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n128s4qf, triton_decode.n32s8, triton_grouped_m16.fr
-#   2. 3 < seq_len <= 14: triton_decode.n64s4q, 4 workloads, 4.92x (3.19x .. 7.98x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s4q, triton_decode.n128s4qf, triton_decode.n128s8ql, triton_decode.n128s8q, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n64s4qf, triton_decode.n128s8qc, triton_decode.n64s4, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_grouped_m16.fr, triton_decode.n128s8, triton_decode.n64s8, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused_bound
-#   3. 14 < seq_len <= 40: triton_decode.n128s4q, 5 workloads, 6.38x (4.97x .. 8.41x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n64s4qc, triton_decode.n128s8ql, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n128s8q, triton_grouped_m32q.fr, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n64s8q, triton_decode.n64s8ql, triton_decode.n128s8, triton_grouped_m32.fr, triton_decode.n128s8qf, triton_decode.n64s8, triton_grouped_m64.fr, deepgemm_fused_bound
-#   4. 40 < seq_len <= 639: triton_grouped_m32q.fr, 28 workloads, 2.64x (2.00x .. 4.22x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
-#   5. 639 < seq_len <= 2024: triton_grouped_m64q.fr, 4 workloads, 2.75x (2.69x .. 2.82x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused, deepgemm_fused_bound, triton_grouped_m16.fr
-#   6. seq_len > 2024: deepgemm_fused_bound, 22 workloads, 3.21x (2.76x .. 3.86x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr
+#   1. seq_len <= 5: triton_decode.n128s8ql, 4 workloads, 9.02x (5.66x .. 13.33x) over sglang_triton_moe; then triton_decode.n64s8ql, triton_decode.n128s8q, triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n128s8qc, triton_decode.n64s4qf, triton_decode.n128s8qf, triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n128s4qf, triton_decode.n32s8, triton_grouped_m16.fr
+#   2. 5 < seq_len <= 40: triton_decode.n128s4q, 8 workloads, 5.51x (3.01x .. 10.33x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n128s8, triton_decode.n64s4qf, triton_grouped_m64q.fr, triton_decode.n64s8ql, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8qf, triton_grouped_m32q.fr, triton_grouped_m16.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   3. 40 < seq_len <= 679: triton_grouped_m32q.fr, 28 workloads, 2.62x (2.00x .. 4.16x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
+#   4. 679 < seq_len <= 1781: triton_grouped_m64q.fr, 4 workloads, 2.85x (2.74x .. 3.03x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound, triton_grouped_m16.fr, deepgemm_fused
+#   5. seq_len > 1781: deepgemm_fused_bound, 22 workloads, 3.23x (2.76x .. 3.74x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.71, 2.02, 2.31), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8')},
-    {'region': 2, 'variant': 'triton_decode.n128s4qf', 'bounds': {'seq_len': (3, 15)}, 'workloads': 5, 'speedup': (1.16, 1.32, 1.51), 'fallbacks': ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8ql')},
+    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (1.73, 2.06, 2.35), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8')},
+    {'region': 2, 'variant': 'triton_decode.n128s4qf', 'bounds': {'seq_len': (3, 15)}, 'workloads': 5, 'speedup': (1.17, 1.33, 1.52), 'fallbacks': ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8ql')},
     {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (15, 40)}, 'workloads': 4, 'speedup': (1.27, 1.5, 1.78), 'fallbacks': ('triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m64q.fr', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'deepgemm_fused_bound', 'triton_grouped_m32.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 833)}, 'workloads': 28, 'speedup': (1.2, 1.31, 1.51), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
-    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (833, None)}, 'workloads': 26, 'speedup': (1.43, 2.45, 3.11), 'fallbacks': ('triton_grouped_m64q.fr',)},
+    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 881)}, 'workloads': 28, 'speedup': (1.2, 1.31, 1.51), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
+    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (881, None)}, 'workloads': 26, 'speedup': (1.43, 2.48, 3.18), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n64s8ql', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (8.2, 12.22, 18.61), 'fallbacks': ('triton_decode.n64s8', 'triton_decode.n128s8q', 'triton_decode.n128s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
-    {'region': 2, 'variant': 'triton_decode.n64s4q', 'bounds': {'seq_len': (3, 14)}, 'workloads': 4, 'speedup': (3.19, 4.92, 7.98), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound')},
-    {'region': 3, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (14, 40)}, 'workloads': 5, 'speedup': (4.97, 6.38, 8.41), 'fallbacks': ('triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n64s8q', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_grouped_m32.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 639)}, 'workloads': 28, 'speedup': (2.0, 2.64, 4.22), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 5, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (639, 2024)}, 'workloads': 4, 'speedup': (2.69, 2.75, 2.82), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused', 'deepgemm_fused_bound', 'triton_grouped_m16.fr')},
-    {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (2024, None)}, 'workloads': 22, 'speedup': (2.76, 3.21, 3.86), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr')},
+    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 5)}, 'workloads': 4, 'speedup': (5.66, 9.02, 13.33), 'fallbacks': ('triton_decode.n64s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n128s8qc', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (5, 40)}, 'workloads': 8, 'speedup': (3.01, 5.51, 10.33), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_decode.n64s8ql', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 679)}, 'workloads': 28, 'speedup': (2.0, 2.62, 4.16), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (679, 1781)}, 'workloads': 4, 'speedup': (2.74, 2.85, 3.03), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1781, None)}, 'workloads': 22, 'speedup': (2.76, 3.23, 3.74), 'fallbacks': ('deepgemm_fused',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -100,42 +98,39 @@ MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workl
 
 def route(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.02x (1.71x .. 2.31x) over sglang_triton_moe
+    # region 1: 3 workloads, 2.06x (1.73x .. 2.35x) over sglang_triton_moe
     if seq_len <= 3:
         return ('triton_decode.n128s8ql', 'triton_decode.n128s8qc', 'triton_decode.n128s8q', 'triton_decode.n128s8qf', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n32s8') if inside else 'triton_decode.n128s8ql'
-    # region 2: 5 workloads, 1.32x (1.16x .. 1.51x) over sglang_triton_moe
+    # region 2: 5 workloads, 1.33x (1.17x .. 1.52x) over sglang_triton_moe
     if 3 < seq_len <= 15:
         return ('triton_decode.n128s4qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s4qf', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8ql') if inside else 'triton_decode.n128s4qf'
     # region 3: 4 workloads, 1.50x (1.27x .. 1.78x) over sglang_triton_moe
     if 15 < seq_len <= 40:
         return ('triton_decode.n128s4q', 'triton_grouped_m16.fr', 'triton_decode.n128s8qc', 'triton_grouped_m64q.fr', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4qc', 'triton_grouped_m32q.fr', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'deepgemm_fused_bound', 'triton_grouped_m32.fr') if inside else 'triton_decode.n128s4q'
     # region 4: 28 workloads, 1.31x (1.20x .. 1.51x) over sglang_triton_moe
-    if 40 < seq_len <= 833:
+    if 40 < seq_len <= 881:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
-    # region 5: 26 workloads, 2.45x (1.43x .. 3.11x) over sglang_triton_moe
-    if seq_len > 833:
-        return ('deepgemm_fused_bound', 'triton_grouped_m64q.fr') if inside else 'deepgemm_fused_bound'
+    # region 5: 26 workloads, 2.48x (1.43x .. 3.18x) over sglang_triton_moe
+    if seq_len > 881:
+        return 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
 
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 12.22x (8.20x .. 18.61x) over sglang_triton_moe
-    if seq_len <= 3:
-        return ('triton_decode.n64s8ql', 'triton_decode.n64s8', 'triton_decode.n128s8q', 'triton_decode.n128s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n128s8qf', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n64s8ql'
-    # region 2: 4 workloads, 4.92x (3.19x .. 7.98x) over sglang_triton_moe
-    if 3 < seq_len <= 14:
-        return ('triton_decode.n64s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_decode.n128s8qc', 'triton_decode.n64s4', 'triton_grouped_m64q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n128s8', 'triton_decode.n64s8', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused_bound') if inside else 'triton_decode.n64s4q'
-    # region 3: 5 workloads, 6.38x (4.97x .. 8.41x) over sglang_triton_moe
-    if 14 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s8qc', 'triton_decode.n64s4qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8q', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_decode.n64s4', 'triton_decode.n64s4qf', 'triton_decode.n64s8q', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_grouped_m32.fr', 'triton_decode.n128s8qf', 'triton_decode.n64s8', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
-    # region 4: 28 workloads, 2.64x (2.00x .. 4.22x) over sglang_triton_moe
-    if 40 < seq_len <= 639:
+    # region 1: 4 workloads, 9.02x (5.66x .. 13.33x) over sglang_triton_moe
+    if seq_len <= 5:
+        return ('triton_decode.n128s8ql', 'triton_decode.n64s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n128s8qc', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n128s8ql'
+    # region 2: 8 workloads, 5.51x (3.01x .. 10.33x) over sglang_triton_moe
+    if 5 < seq_len <= 40:
+        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_decode.n64s8ql', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 3: 28 workloads, 2.62x (2.00x .. 4.16x) over sglang_triton_moe
+    if 40 < seq_len <= 679:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 5: 4 workloads, 2.75x (2.69x .. 2.82x) over sglang_triton_moe
-    if 639 < seq_len <= 2024:
-        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused', 'deepgemm_fused_bound', 'triton_grouped_m16.fr') if inside else 'triton_grouped_m64q.fr'
-    # region 6: 22 workloads, 3.21x (2.76x .. 3.86x) over sglang_triton_moe
-    if seq_len > 2024:
-        return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr') if inside else 'deepgemm_fused_bound'
+    # region 4: 4 workloads, 2.85x (2.74x .. 3.03x) over sglang_triton_moe
+    if 679 < seq_len <= 1781:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
+    # region 5: 22 workloads, 3.23x (2.76x .. 3.74x) over sglang_triton_moe
+    if seq_len > 1781:
+        return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
