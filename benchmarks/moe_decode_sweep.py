@@ -6,10 +6,11 @@ plain streaming kernel over as many bytes as the hit experts' weights, so the fl
 split into what streaming itself loses and what the kernels add. What to register as CONFIGS, measured
 rather than guessed; needs only torch and Triton (no bundles).
 
-    python benchmarks/moe_decode_sweep.py [--seq-lens 1 8 32] [--minutes 6] [--shard I/N] [--json out.json]
+    python benchmarks/moe_decode_sweep.py [--seq-lens 1 8 32] [--minutes 6] [--shard I/N] [--json out.json] [--fused]
 
 --shard I/N measures every N-th configuration from the I-th (one process a GPU: benchmarks/on_gpus.sh);
-shard 0 also measures the streaming ceiling.
+shard 0 also measures the streaming ceiling. --fused: both GEMMs in one launch (`fused_gemms`) over a
+grid of their own instead (the registered ones were only ever timed with 4 warps and 3 stages).
 """
 from __future__ import annotations
 
@@ -83,10 +84,16 @@ def kernel_times(fn, sets) -> dict[str, float]:
     return dict(per)
 
 
-def configs():
-    """The registered ones first, then a grid over tile widths, K splits, warps and stages."""
-    for name, cfg in fp8_decode.CONFIGS.items():
-        yield name, cfg
+def configs(fused: bool = False):
+    """The registered ones first, then a grid over tile widths, K splits, warps and stages (with `fused`
+    a grid of fused-GEMM ones)."""
+    yield from fp8_decode.CONFIGS.items()
+    if fused:
+        for (n1, n2), (s1, s2), (w, st) in itertools.product(
+                ((64, 128), (64, 64), (32, 64)), ((4, 2), (8, 4), (7, 4)), ((4, 2), (4, 3), (8, 2), (8, 3))):
+            yield (f"n{n1}-{n2}s{s1}-{s2}w{w}p{st}qf", dict(block_n1=n1, block_n2=n2, split_k=s1, split_k2=s2,
+                                                          num_warps=w, num_stages=st, fp8_down=True, fused_gemms=True))
+        return
     for (n1, n2), (s1, s2), (w, st) in itertools.product(
             ((32, 64), (64, 64), (64, 128), (128, 128), (32, 128)),
             ((4, 2), (8, 4), (14, 8), (7, 4), (8, 8), (14, 4)),
@@ -146,6 +153,7 @@ def options(doc: str, seq_lens: list[int], minutes: float):
     ap.add_argument("--minutes", type=float, default=minutes)
     ap.add_argument("--shard", default="0/1")
     ap.add_argument("--json")
+    ap.add_argument("--fused", action="store_true", help="the fused-GEMM configurations (moe_decode_sweep.py)")
     opts = ap.parse_args()
     shard, shards = map(int, opts.shard.split("/"))
     return opts, shard, shards
@@ -159,14 +167,14 @@ def main() -> None:
           f"{torch.__version__}, triton {triton.__version__}; peak HBM {peak_bandwidth() / 1e12:.2f} TB/s")
     pool = torch.randint(-2**62, 2**62, (16 * EXPERT_BYTES_1 // 8 * 2,), dtype=torch.int64, device="cuda")
     rows = []
-    for experts in (1, 2, 4, 8) if shard == 0 else ():
+    for experts in (1, 2, 4, 8) if shard == 0 and not opts.fused else ():
         for nbytes, what in ((experts * EXPERT_BYTES_1, "gate/up"), (experts * EXPERT_BYTES_2, "down")):
             best = min((stream_us(nbytes, pool, *c), *c) for c in STREAM_CONFIGS)
             print(f"stream {experts} experts' {what} ({nbytes / 1e6:.1f} MB): {best[0]:.1f} us, "
                   f"{nbytes / best[0] / 1e6:.2f} TB/s (block {best[1]}, steps {best[2]}, warps {best[3]})", flush=True)
             rows.append(dict(kind="stream", experts=experts, what=what, bytes=nbytes, us=best[0]))
     del pool
-    sweep(fp8_decode.moe_fp8_decode, itertools.islice(configs(), shard, None, shards), fp8_decode.CONFIGS,
+    sweep(fp8_decode.moe_fp8_decode, itertools.islice(configs(opts.fused), shard, None, shards), fp8_decode.CONFIGS,
           opts.seq_lens, deadline, rows)
     if opts.json:
         write_json(opts.json, rows)
