@@ -83,7 +83,7 @@ def main() -> None:
     if importlib.util.find_spec("deep_gemm") and (Path(opts.old) / "old_deepgemm_fused.py").is_file():
         from kdispatch.kernels.library.moe import deepgemm_fused
         deepgemm = [("deepgemm_fused_bound", importlib.import_module("old_deepgemm_fused").moe_fp8_deepgemm_fused,
-                     deepgemm_fused.moe_fp8_deepgemm_fused, dict(bound=True))]
+                     deepgemm_fused.moe_fp8_deepgemm_fused, dict(bound=True), dict(bound=True))]
 
     registry.discover()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -93,18 +93,20 @@ def main() -> None:
         args = list(materialize(DEF, SimpleWorkload({"seq_len": seq_len}, uuid=f"ab-{seq_len}"), device="cuda",
                                 seed=0))
         sets = timing.input_sets(DEF, args, l2, max_sets=16)
-        cases = [(name, old_grouped.moe_fp8_grouped, fp8_grouped.moe_fp8_grouped, fp8_grouped.CONFIGS[name])
+        # (name, old function, new function, old configuration, new configuration)
+        cases = [(name, old_grouped.moe_fp8_grouped, fp8_grouped.moe_fp8_grouped, fp8_grouped.CONFIGS[name],
+                  fp8_grouped.CONFIGS[name])
                  for name in GROUPED] + deepgemm
         if seq_len <= fp8_decode.MAX_TOKENS:
             for labels in opts.decode:
                 old_label, _, new_label = labels.partition(":")
                 cases.append((f"triton_decode.{labels}", old_decode.moe_fp8_decode, fp8_decode.moe_fp8_decode,
                               old_decode.CONFIGS[old_label], fp8_decode.CONFIGS[new_label or old_label]))
-        for name, old_fn, new_fn, *configs in cases:
+        for name, old_fn, new_fn, old_config, new_config in cases:
             if opts.only and name not in opts.only:
                 continue
-            old_config, new_config = configs if len(configs) == 2 else configs * 2
-            pair = {"old": lambda *a, f=old_fn: f(*a, **old_config), "new": lambda *a, f=new_fn: f(*a, **new_config)}
+            pair = {"old": lambda *a, f=old_fn, c=old_config: f(*a, **c),
+                    "new": lambda *a, f=new_fn, c=new_config: f(*a, **c)}
             old_out, new_out = pair["old"](*args).float(), pair["new"](*args).float()
             diff, scale = (old_out - new_out).abs().max().item(), old_out.abs().max().item()
             finite = bool(torch.isfinite(new_out).all())
