@@ -16,9 +16,10 @@ PROFILED = 20  # calls under cProfile
 CALLS = 20  # calls under torch.profiler
 
 
-def host_us(fn, args) -> float:
+def host_us(fn, args, *, until_idle: bool = False) -> float:
     """Median host microseconds until `fn(*args)` returns, with an idle device (synchronised before each
-    call), over 100 calls after 10 unmeasured."""
+    call), over 100 calls after 10 unmeasured; with `until_idle`, until the device is idle again too
+    (host + device of a synchronised call, what the tuner's eager time measures)."""
     samples = []
     for _ in range(10):
         fn(*args)
@@ -26,6 +27,8 @@ def host_us(fn, args) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn(*args)
+        if until_idle:
+            torch.cuda.synchronize()
         samples.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
     return statistics.median(samples)

@@ -3,7 +3,7 @@
 The indexer variant that serves rows over 8,192 tokens (128 pages) makes five allocations and four
 launches: the Triton scoring (a JIT call), the settling kernel, FlashInfer's
 `top_k_page_table_transform` and the keep-real kernel. This times each step alone (host: until it
-returns, the device idle before; eager: host + device of a synchronised call), FlashInfer's two
+returns, the device idle before; eager: host + device of a synchronised call; `hosttime.host_us`), FlashInfer's two
 backends called through its module's wrappers (radix; CUB with its workspace query, which the
 public call takes for one row of 32k tokens or more), the scoring through `launch` instead of the JIT
 call, and `lean`: the same steps with the scoring through `launch` and the four int32 buffers as
@@ -15,17 +15,17 @@ the baseline's too).
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flashinfer  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 from flashinfer.topk import get_topk_module  # noqa: E402
+from hosttime import host_us  # noqa: E402
 
 from kdispatch import definitions, registry, workloads  # noqa: E402
 from kdispatch.kernels.library.dsa import flashinfer_topk as fi_topk  # noqa: E402
@@ -33,35 +33,6 @@ from kdispatch.kernels.triton.dsa import indexer_fp8 as ix  # noqa: E402
 from kdispatch.kernels.triton.launch import launch  # noqa: E402
 
 SHAPES = ((1, 845), (4, 577), (12, 463), (51, 144))  # (batch, pages): rows of 9k-54k tokens
-CALLS = 200
-
-
-def host_us(fn) -> float:
-    """Median host microseconds until fn() returns, the device idle before each call."""
-    samples = []
-    for _ in range(20):
-        fn()
-    for _ in range(CALLS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
-def eager_us(fn) -> float:
-    """Median host + device microseconds of a synchronised call."""
-    samples = []
-    for _ in range(20):
-        fn()
-    for _ in range(CALLS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
 
 
 def steps(batch: int, pages: int) -> dict:
@@ -136,7 +107,7 @@ def main() -> None:
     for batch, pages in SHAPES:
         print(f"\n== B={batch} pages={pages}")
         for name, fn in steps(batch, pages).items():
-            print(f"  {name:24s} host {host_us(fn):7.1f} us   eager {eager_us(fn):7.1f} us")
+            print(f"  {name:24s} host {host_us(fn, ()):7.1f} us   eager {host_us(fn, (), until_idle=True):7.1f} us")
 
 
 if __name__ == "__main__":
