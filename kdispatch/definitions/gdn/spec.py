@@ -386,6 +386,13 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # 2026-11-28). Last: a grid shape's index picks a one-sequence shape's
                                       # mix, so shapes inserted earlier would renew those uuids.
                                       {"num_seqs": (32,), "total_seq_len": (512, 1024, 2048, 8192)}),
+                          # Not in the set: one prompt of 768 / 1,536 / 2,048 / 3,072 tokens and two of
+                          # 2,048 in every mix, measured on the H200 at every head count (2026-11-29; the
+                          # rows stay in its store). Refit with them, the held-out scores moved both ways
+                          # (graph mean: qk16 7.9 -> 15.0%, a 2 x 3,336 call sent to the baseline, 1.6x
+                          # `flashinfer_pool_inplace.cp_off`'s time; qk2 34.0 -> 30.5%; with the
+                          # longest sequence qk2 1.5 -> 4.1%; eager qk16 18.8 -> 5.1%, qk4 38.7 -> 33.3%):
+                          # the mixes, not the spacing, decide there.
                           grid_every_mix=True, one_mix=one_sequence),
         # With the longest sequence known the three features decide the time, but 84 measured shapes
         # leave wide gaps where the tree's thresholds fall between neighbours far apart; estimated
@@ -702,6 +709,12 @@ SPECS = {
                           grid={"num_seqs": (1, 2, 4, 8), "total_seq_len": (128, 192, 256, 384, 512, 768)},
                           # at 2-4 sequences of a few hundred tokens the mix decides between the
                           # recurrence and FlashInfer (held-out 370 x 3, one long: 49% regret)
+                          # One or two prompts of 0.6-2k tokens: the 16-token chunked kernel beats
+                          # FlashInfer there up to ~1.1k tokens in one sequence, and nothing had been
+                          # measured between 768 and 1,377: the router gave 1 x 1,000 to FlashInfer,
+                          # 18% slower (issue 15's reported shape; 52.8 against 44.7 us, H200, 2026-11-29)
+                          more_grids=({"num_seqs": (1,), "total_seq_len": (640, 896, 1024, 1152, 1280, 1536, 2048)},
+                                      {"num_seqs": (2,), "total_seq_len": (1024, 1536, 2048)}),
                           grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
