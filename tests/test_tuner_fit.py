@@ -330,6 +330,27 @@ def test_a_prefill_region_spans_more_than_one_shape_in_its_length_mixes():
     assert dpol.route({"batch_size": 8}) == "A" and dpol.route({"batch_size": 64}) == "flashinfer"
 
 
+def test_a_one_sequence_shape_counts_as_a_shape_in_every_mix():
+    """One sequence is the same workload in every length mix, so it is measured once: two prompt lengths
+    that A wins make a graph region (two shapes in every mix), as two shapes of four sequences in three
+    mixes each would; counted as one workload each they could not (six lengths needed)."""
+    wl = [(f"p{t}-4-{k}", {"total_seq_len": t, "num_seqs": 4, "len_cu_seqlens": 5})
+          for t in (64, 256, 1024, 4096) for k in range(3)]
+    wl += [(f"p{t}-1", {"total_seq_len": t, "num_seqs": 1, "len_cu_seqlens": 2}) for t in (256, 512, 768, 1024)]
+
+    def lat(name, axes):
+        base = 20.0 + axes["total_seq_len"] / 10
+        wins = axes["num_seqs"] == 1 and axes["total_seq_len"] >= 768
+        return {"flashinfer": base, "A": base * (0.5 if wins else 2.0)}.get(name)
+
+    pol = fitting.fit(fitting.load_table(build_store(PREFILL, wl, lat), PREFILL, "sm90"), with_heldout=False)
+    assert pol.params.min_leaf == 6
+    route = lambda t, n: pol.route(features.compute(PREFILL, {"total_seq_len": t, "num_seqs": n,  # noqa: E731
+                                                              "len_cu_seqlens": n + 1}))
+    assert [route(t, 1) for t in (768, 1024)] == ["A", "A"]
+    assert [route(t, 1) for t in (256, 512)] + [route(1024, 4)] == ["flashinfer"] * 3
+
+
 POOL = "gdn_prefill_pool_qk4_v8_d128_k_last"
 
 

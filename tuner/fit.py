@@ -70,7 +70,8 @@ best split (one level of lookahead, so a variant winning only in a middle interv
 best is kept if it lowers the node's cost by more than `min_split_gain` (1%) of it, each side keeps
 at least `min_leaf` workloads (3: two let one length mix decide a region; where the coverage
 measures each shape in several length mixes, two shapes in every mix for graph calls and one more
-than the mixes for eager ones: `_leaf_params`), and depth <= `max_depth` (4, so at most 16 regions; 5 was
+than the mixes for eager ones, a one-sequence shape, the same workload in every mix, counting as one
+in each: `_leaf_params`), and depth <= `max_depth` (4, so at most 16 regions; 5 was
 scored on both held-out stores on 2026-11-29: graph regret unchanged but pool qk16's 15.00 -> 14.39% mean
 (H200), eager mean regrets summed over the routers 276 -> 273% (H200) and 322 -> 318% (H100), with one more
 eager call slower than the baseline, H200 gathered qk2, and the H100 indexer's eager 0.36 -> 7.84%). Sibling
@@ -393,6 +394,11 @@ class _Matrix:
         n, V = len(t.uuids), len(self.names)
         self.X = np.array([[t.features[u][f] for f in self.fit] for u in t.uuids], dtype=np.int64).reshape(n, len(self.fit))
         self.w = np.array([t.weights.get(u, 1.0) for u in t.uuids], dtype=np.float64)
+        # what min_leaf counts: a workload's weight, times the length mixes where its shape is one
+        # workload in all of them (one sequence, `Coverage.one_mix`): it stands for a shape in every mix
+        cov = defs.get(t.definition).spec.coverage
+        one = cov.one_mix if cov is not None and len(cov.mixes) > 1 else None
+        self.leaf_w = self.w * np.array([len(cov.mixes) if one and one(t.axes[u]) else 1 for u in t.uuids], dtype=np.float64)
         self.lat = np.full((V, n), np.nan)
         self.ok = np.zeros((V, n), dtype=bool)
         self.runs = np.zeros((V, n), dtype=bool)  # timed, correct and (graph) capturable: could serve it
@@ -462,6 +468,7 @@ class _Matrix:
         best = np.where(np.isfinite(best) & (best > 0), best, 1.0)
         self.X = np.concatenate([self.X, X])
         self.w = np.concatenate([self.w, np.ones(len(X))])
+        self.leaf_w = np.concatenate([self.leaf_w, np.ones(len(X))])
         self.lat = np.concatenate([self.lat, lat], axis=1)
         self.ok = np.concatenate([self.ok, ok], axis=1)
         ratio = lat / best[None, :]
@@ -507,7 +514,7 @@ class _Matrix:
         vals = np.take_along_axis(X, order, axis=0)
         c = np.cumsum(self.cost[:, cols], axis=1)  # [variants, m, features]
         bad = np.cumsum(~self.ok[:, cols], axis=1)
-        wc = np.cumsum(self.w[cols], axis=0)
+        wc = np.cumsum(self.leaf_w[cols], axis=0)
         lc = np.where(bad[:, :-1] == 0, c[:, :-1], np.inf).min(axis=0)
         rc = np.where(bad[:, -1:] - bad[:, :-1] == 0, c[:, -1:] - c[:, :-1], np.inf).min(axis=0)
         return cols, vals, lc, rc, wc[:-1], wc[-1], vals[1:] != vals[:-1]
@@ -571,7 +578,15 @@ def _leaf_params(params: FitParams, table: Table, mode: str = "graph") -> FitPar
     16 / 8 / 4 value heads, the speedup over it 1.42 / 1.36 / 1.18 / 1.27x -> 1.52 / 1.38 / 1.24 /
     1.38x; with 6 for eager calls too, 8 value heads' eager speedup fell 1.95 -> 1.58x (H100 rows of
     2026-11-27; the contest prefill's held). Definitions without mixes keep min_leaf: at 4 their
-    5-fold regret held or grew."""
+    5-fold regret held or grew. A one-sequence shape is measured once, its mixes being one workload
+    (`Coverage.one_mix`), and counts as that many workloads (`_Matrix.leaf_w`): counted as one, a
+    region of prompts needed six lengths, and the chunked kernel's window of one prompt of ~700-1,024
+    tokens went unrouted (1 x 1,000 to FlashInfer, 16% slower; H200). Scored on both held-out stores
+    (2026-11-29), graph mean regret without hints: H100 pool qk4 21.8 -> 5.4%, gathered qk4 18.4 ->
+    7.6%, pool qk2 18.5 -> 10.8%, contest 6.1 -> 5.9%; H200 contest 6.3 -> 5.9%, pool qk4 14.4 ->
+    18.6% (three held-out calls of 6-9 sequences, where the mix decides, changed sides), gathered qk4
+    8.1 -> 8.5%; summed over the routers H100 119.6 -> 85.3%, H200 132.8 -> 136.9%; eager and hinted
+    sums within 2.3 points; the same counts slower than the baseline."""
     spec = defs.get(table.definition).spec
     mixes = len(spec.coverage.mixes) if spec.coverage is not None else 1
     hinted = any(h in table.fit_names for h in spec.hints)
@@ -643,7 +658,7 @@ def _empty(bounds: dict) -> bool:
 def _grow(m: _Matrix, idx: np.ndarray, depth: int, p: FitParams):
     vj, cost = m.leaf(idx)
     leaf = ("leaf", vj, idx)
-    if depth >= p.max_depth or m.w[idx].sum() < 2 * p.min_leaf:
+    if depth >= p.max_depth or m.leaf_w[idx].sum() < 2 * p.min_leaf:
         return leaf
     look = depth + 1 < p.max_depth
     best, best_key = None, None

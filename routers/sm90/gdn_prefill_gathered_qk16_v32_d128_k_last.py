@@ -35,62 +35,68 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.99% mean, 63.41% max;
-#             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.10% mean, 148.92% max;
-#             1.177x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.75% mean, 63.41% max;
+#             1.060x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.09% mean, 148.92% max;
+#             1.188x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 3 and num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 317 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 319 and 11 < num_seqs <= 23: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   5. 60 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   6. 181 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 148 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   5. 3 < total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   6. 60 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   7. 181 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   9. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 148 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 24 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22: triton_prefill_fused.c16v64, 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   3. total_seq_len <= 224 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 24 < total_seq_len <= 110 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. 110 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   6. 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   7. 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   8. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   9. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   11. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.28x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. total_seq_len > 724 and num_seqs > 250: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   4. 24 < total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 214: triton_prefill_fused.c16v64, 8 workloads, 4.15x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
+#   6. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 214: triton_prefill_fused.c16v32, 2 workloads, 3.55x (3.14x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   7. 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   8. 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+#   9. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   10. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   12. 362 < total_seq_len <= 572 and num_seqs <= 2: triton_prefill_fused.c16v32, 2 workloads, 2.82x (2.81x .. 2.83x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   13. 572 < total_seq_len <= 9990 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.11x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   14. total_seq_len > 724 and num_seqs > 250: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   15. total_seq_len > 10809 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 7, 'speedup': (4.76, 5.56, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 3)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (None, 317)}, 'workloads': 14, 'speedup': (1.17, 1.31, 1.49), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (11, 23), 'total_seq_len': (None, 319)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (60, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 8, 'speedup': (1.22, 1.39, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 148, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3, 60)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (60, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 8, 'speedup': (1.22, 1.39, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 148, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 24)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.6, 1.95, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 224)}, 'workloads': 24, 'speedup': (1.19, 2.49, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (24, 110)}, 'workloads': 6, 'speedup': (4.1, 6.12, 8.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (110, 362)}, 'workloads': 10, 'speedup': (2.51, 3.99, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (224, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.68, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.29, 1.48, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 14, 'speedup': (1.49, 2.28, 3.83), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (724, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (24, 106)}, 'workloads': 6, 'speedup': (4.1, 6.12, 8.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 214), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 8, 'speedup': (2.51, 4.15, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (214, None), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 2, 'speedup': (3.14, 3.55, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (224, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.68, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.29, 1.48, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (362, 572)}, 'workloads': 2, 'speedup': (2.81, 2.82, 2.83), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (572, 9990)}, 'workloads': 14, 'speedup': (1.49, 2.11, 3.83), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (724, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (10809, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -99,9 +105,9 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 5.56x (4.76x .. 6.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 60 and num_seqs <= 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 1: 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3 and num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 3 < num_seqs <= 11:
         return 'vllm_flashinfer_prefill.cp_off'
@@ -111,19 +117,22 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 4: 15 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 319 and 11 < num_seqs <= 23:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    # region 5: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
+    if 3 < total_seq_len <= 60 and num_seqs <= 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
     if 60 < total_seq_len <= 1980 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 319 and 3 < num_seqs <= 11:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill
+    # region 8: 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill
     if total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 148 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 148 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1980 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -142,35 +151,41 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 224 and num_seqs > 2 and mean_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill
-    if 24 < total_seq_len <= 110 and num_seqs <= 2:
+    if 24 < total_seq_len <= 106 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 10 workloads, 3.99x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if 110 < total_seq_len <= 362 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 5: 8 workloads, 4.15x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 214:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 2 workloads, 3.55x (3.14x .. 4.01x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 214:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+    # region 8: 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
     if 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill
+    # region 9: 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 724 and num_seqs > 250:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 128 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 128 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 268 and 2 < num_seqs <= 135:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill
+    # region 11: 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill
     if total_seq_len > 268 and 135 < num_seqs <= 250:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 14 workloads, 2.28x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159:
+    # region 12: 2 workloads, 2.82x (2.81x .. 2.83x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 572 and num_seqs <= 2:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 14 workloads, 2.11x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    if 572 < total_seq_len <= 9990 and num_seqs <= 2:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 20 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 250:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 10809 and num_seqs <= 2:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -181,8 +196,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.67% mean, 71.64% max;
 #             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.20% mean, 109.29% max;
-#             1.265x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.38% mean, 109.29% max;
+#             1.264x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -219,49 +234,50 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   2. total_seq_len <= 41 and 2 < num_seqs <= 11 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 41 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 41 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 106 and num_seqs <= 1 and mean_seq_len > 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k2c8, 2 workloads, 8.18x (6.95x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 106 and num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.18x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 106 and 1 < num_seqs <= 2 and mean_seq_len > 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.25x (4.10x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.81x (1.35x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   9. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.70x (1.60x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.81x (1.35x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   8. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.70x (1.60x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   10. num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.18x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   11. 41 < total_seq_len <= 150 and num_seqs > 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 20 workloads, 2.68x (1.49x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   12. total_seq_len > 106 and num_seqs <= 2 and max_seq_len <= 212: triton_prefill_fused.c16v64, 6 workloads, 4.53x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361: triton_prefill_fused.c16v32, 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
-#   15. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   16. 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   17. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   18. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   19. 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   20. 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   21. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   22. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   23. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   27. 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: triton_prefill_fused.c16v32, 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   30. 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   31. 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   32. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   34. total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213: triton_prefill_fused.c16v64, 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 213 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
-#   37. 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   40. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   42. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   43. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   44. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   45. 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   46. total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   47. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   12. total_seq_len > 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.25x (4.10x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 212: triton_prefill_fused.c16v64, 6 workloads, 4.53x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and 212 < max_seq_len <= 361: triton_prefill_fused.c16v32, 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   15. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
+#   16. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   17. 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   18. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   20. 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   21. 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   22. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   23. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   24. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   25. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   26. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   28. 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: triton_prefill_fused.c16v32, 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   29. 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   31. 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   32. 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   33. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   35. total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   36. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213: triton_prefill_fused.c16v64, 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 213 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   39. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
+#   41. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   44. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   45. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   46. 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   47. total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   48. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -301,49 +317,50 @@ REGIONS_HINTED_EAGER = (
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (2, 11), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (11, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (6.95, 8.18, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (None, 28), 'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (6.72, 8.18, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, None), 'num_seqs': (1, 2), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (4.1, 4.25, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.35, 1.81, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.6, 1.7, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 16, 'speedup': (1.49, 2.17, 3.83), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, 53), 'num_seqs': (None, 2), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (9.63, 9.63, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (7.63, 7.63, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.35, 1.81, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.6, 1.7, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 16, 'speedup': (1.49, 2.17, 3.83), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (None, 28), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (6.72, 8.18, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (2, None), 'total_seq_len': (41, 150)}, 'workloads': 20, 'speedup': (1.49, 2.68, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 212), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 6, 'speedup': (2.51, 4.53, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (212, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 4, 'speedup': (3.11, 3.5, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 19, 'speedup': (1.39, 1.84, 2.75), 'fallbacks': ()},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (181, 335)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 70), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (181, 620)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (2, 11), 'num_seqs': (2, 45), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 157), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, 457), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 90), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 457), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (905, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (335, 724)}, 'workloads': 2, 'speedup': (1.12, 1.38, 1.7), 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (2, 5), 'total_seq_len': (335, 2896)}, 'workloads': 2, 'speedup': (1.49, 2.07, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (45, 147), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (147, None), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (335, 2896)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 339), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.2, 1.29, 1.42), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (620, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 213), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 3, 'speedup': (1.1, 1.35, 1.51), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (213, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 161), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (161, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (5792, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, 53), 'num_seqs': (None, 2), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (4.1, 4.25, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 212), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 6, 'speedup': (2.51, 4.53, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (212, 361), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (3.11, 3.5, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 19, 'speedup': (1.39, 1.84, 2.75), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (181, 335)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 70), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (181, 620)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (2, 11), 'num_seqs': (2, 45), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 157), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, 457), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 90), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 457), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (905, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (335, 724)}, 'workloads': 2, 'speedup': (1.12, 1.38, 1.7), 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (2, 5), 'total_seq_len': (335, 2896)}, 'workloads': 2, 'speedup': (1.49, 2.07, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (45, 147), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (147, None), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (335, 2896)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 339), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.2, 1.29, 1.42), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (620, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 213), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 3, 'speedup': (1.1, 1.35, 1.51), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (213, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 161), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (161, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (5792, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -460,127 +477,130 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 41 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 8.18x (6.95x .. 9.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 1 and mean_seq_len > 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 6 workloads, 8.18x (6.72x .. 9.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 2 workloads, 4.25x (4.10x .. 4.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and 1 < num_seqs <= 2 and mean_seq_len > 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 6 workloads, 1.81x (1.35x .. 2.06x) over vllm_flashinfer_prefill
+    # region 5: 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 6 workloads, 1.81x (1.35x .. 2.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 2 workloads, 1.70x (1.60x .. 1.80x) over vllm_flashinfer_prefill
+    # region 8: 2 workloads, 1.70x (1.60x .. 1.80x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    # region 9: 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
         return 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 6 workloads, 8.18x (6.72x .. 9.43x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 11: 20 workloads, 2.68x (1.49x .. 4.28x) over vllm_flashinfer_prefill
     if 41 < total_seq_len <= 150 and num_seqs > 2 and max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 6 workloads, 4.53x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if total_seq_len > 106 and num_seqs <= 2 and max_seq_len <= 212:
+    # region 12: 2 workloads, 4.25x (4.10x .. 4.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 6 workloads, 4.53x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 212:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361:
+    # region 14: 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and 212 < max_seq_len <= 361:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
+    # region 15: 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
     if 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill
+    # region 16: 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill
     if 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 16: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 17: 8 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:
         return 'triton_prefill_fused.c16v64'
-    # region 21: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
+    # region 22: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:
         return 'triton_prefill_fused.c16v64'
-    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    # region 25: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
     if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 39 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 39 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call
+    # region 28: 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call
     if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:
         return 'triton_prefill_fused.c16v32'
-    # region 28: 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call
+    # region 29: 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call
     if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 30: 10 workloads, the baseline; its stand-ins where it cannot run here
     if 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 11 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 11 workloads, the baseline; its stand-ins where it cannot run here
     if 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call
+    # region 33: 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call
     if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:
         return 'triton_prefill_fused.c16v64'
-    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 29 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 29 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call
+    # region 36: 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:
         return 'triton_prefill_fused.c16v64'
-    # region 37: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 7 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
+    # region 39: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43:
         return 'triton_prefill_fused.c16v64'
-    # region 39: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+    # region 41: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -595,24 +615,24 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:  # region 17
+    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:  # region 18
         return True
-    if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:  # region 20
+    if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:  # region 21
         return True
-    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:  # region 22
+    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:  # region 23
         return True
-    if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:  # region 24
+    if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:  # region 25
         return True
-    if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:  # region 27
+    if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:  # region 28
         return True
-    if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:  # region 28
+    if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:  # region 29
         return True
-    if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:  # region 30
+    if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:  # region 31
         return True
-    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:  # region 32
+    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:  # region 33
         return True
-    if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:  # region 35
+    if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:  # region 36
         return True
-    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:  # region 43
+    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:  # region 44
         return True
     return False

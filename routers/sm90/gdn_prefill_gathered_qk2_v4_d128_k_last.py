@@ -35,73 +35,75 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 24.54% mean, 340.01% max;
-#             1.194x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 46.23% mean, 356.82% max;
-#             1.715x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 23.61% mean, 340.01% max;
+#             1.198x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 45.47% mean, 356.82% max;
+#             1.722x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.54x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90: triton_prefill_chunked.v64, 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-#   4. num_seqs <= 2 and 419 < mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   5. num_seqs <= 2 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. num_seqs <= 5 and 90 < mean_seq_len <= 419: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   7. 2 < num_seqs <= 5 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 8 workloads, 5.60x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 30 and num_seqs <= 31 and 8 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 2 workloads, 6.19x (6.19x .. 6.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1448 and num_seqs <= 5 and 419 < mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   4. total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90: triton_prefill_chunked.v64, 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+#   7. num_seqs <= 5 and 90 < mean_seq_len <= 419: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   8. 5 < num_seqs <= 14 and 90 < mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.63x (1.24x .. 4.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   9. 5 < num_seqs <= 14 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   10. 31 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 31 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
 #   11. 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   12. 30 < total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   13. total_seq_len > 68 and num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-#   14. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   14. total_seq_len > 1448 and num_seqs <= 5 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   15. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   16. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 9 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 487: triton_prefill_fused.c16v32, 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   3. total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 612: triton_prefill_fused.c16v64, 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 612: triton_prefill_chunked.v64, 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 487: triton_prefill_chunked.v64, 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-#   6. 9 < total_seq_len <= 42 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. 42 < total_seq_len <= 125 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. 125 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. 264 < total_seq_len <= 533 and mean_seq_len <= 5: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   11. total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. total_seq_len > 533 and mean_seq_len <= 5: triton_prefill_fused.c16v32, 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
+#   2. total_seq_len <= 1681 and 90 < mean_seq_len <= 612: triton_prefill_fused.c16v64, 42 workloads, 3.40x (1.42x .. 8.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1681 and mean_seq_len > 612: triton_prefill_chunked.v64, 2 workloads, 2.50x (1.97x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. 9 < total_seq_len <= 42 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. 42 < total_seq_len <= 125 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 125 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. 264 < total_seq_len <= 533 and mean_seq_len <= 5: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   9. total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len > 533 and mean_seq_len <= 5: triton_prefill_fused.c16v32, 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
+#   11. 1681 < total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 90: triton_prefill_fused.c16v32, 16 workloads, 3.01x (1.15x .. 13.34x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   12. 1681 < total_seq_len <= 4089 and num_seqs <= 4 and mean_seq_len > 90: triton_prefill_chunked.v64, 8 workloads, 1.78x (1.18x .. 3.04x) over vllm_flashinfer_prefill
 #   13. total_seq_len > 4089 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (None, 30)}, 'workloads': 10, 'speedup': (1.5, 5.54, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 14, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (None, 3330)}, 'workloads': 6, 'speedup': (1.22, 2.01, 2.81), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, 724), 'num_seqs': (None, 2)}, 'workloads': 8, 'speedup': (1.06, 1.34, 1.63), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (None, 5)}, 'workloads': 28, 'speedup': (1.06, 2.11, 3.05), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (2, 5)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 31), 'total_seq_len': (None, 30)}, 'workloads': 8, 'speedup': (1.5, 5.6, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, 90), 'num_seqs': (None, 31), 'total_seq_len': (None, 30)}, 'workloads': 2, 'speedup': (6.19, 6.19, 6.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, 724), 'num_seqs': (None, 5), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.06, 1.34, 1.63), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 14, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (None, 3330)}, 'workloads': 6, 'speedup': (1.22, 2.01, 2.81), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (None, 5)}, 'workloads': 28, 'speedup': (1.06, 2.11, 3.05), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 245), 'num_seqs': (5, 14)}, 'workloads': 10, 'speedup': (1.24, 2.63, 4.4), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (5, 14)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (31, 169)}, 'workloads': 31, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (31, 169)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (30, 68)}, 'workloads': 10, 'speedup': (2.85, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (68, None)}, 'workloads': 46, 'speedup': (1.14, 3.4, 5.83), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (3417, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 5), 'total_seq_len': (1448, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (3417, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 9)}, 'workloads': 4, 'speedup': (6.79, 10.57, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 487), 'num_seqs': (2, None), 'total_seq_len': (None, 3436)}, 'workloads': 36, 'speedup': (1.15, 3.34, 13.34), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 612), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 22, 'speedup': (1.73, 3.19, 6.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (612, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 4089)}, 'workloads': 4, 'speedup': (1.36, 2.07, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (487, None), 'num_seqs': (2, None), 'total_seq_len': (None, 4089)}, 'workloads': 6, 'speedup': (1.18, 1.8, 3.04), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 42)}, 'workloads': 7, 'speedup': (3.96, 8.13, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (42, 125)}, 'workloads': 13, 'speedup': (2.16, 5.0, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (125, 264)}, 'workloads': 36, 'speedup': (1.18, 4.03, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (264, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.64, 4.14, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (533, None)}, 'workloads': 8, 'speedup': (1.12, 1.4, 1.8), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 612), 'total_seq_len': (None, 1681)}, 'workloads': 42, 'speedup': (1.42, 3.4, 8.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (612, None), 'total_seq_len': (None, 1681)}, 'workloads': 2, 'speedup': (1.97, 2.5, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 42)}, 'workloads': 7, 'speedup': (3.96, 8.13, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (42, 125)}, 'workloads': 13, 'speedup': (2.16, 5.0, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (125, 264)}, 'workloads': 36, 'speedup': (1.18, 4.03, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (264, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.64, 4.14, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (533, None)}, 'workloads': 8, 'speedup': (1.12, 1.4, 1.8), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, None), 'total_seq_len': (1681, 3436)}, 'workloads': 16, 'speedup': (1.15, 3.01, 13.34), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (1681, 4089)}, 'workloads': 8, 'speedup': (1.18, 1.78, 3.04), 'fallbacks': ()},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
@@ -111,27 +113,27 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 5.54x (1.50x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
+    # region 1: 8 workloads, 5.60x (1.50x .. 9.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 6.19x (6.19x .. 6.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 30 and num_seqs <= 31 and 8 < mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 1448 and num_seqs <= 5 and 419 < mean_seq_len <= 724:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len > 724:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+    # region 6: 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90:
         return 'triton_prefill_chunked.v64'
-    # region 4: 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs <= 2 and 419 < mean_seq_len <= 724:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 724:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill
+    # region 7: 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and 90 < mean_seq_len <= 419:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 5 and mean_seq_len > 419:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 8: 10 workloads, 2.63x (1.24x .. 4.40x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 14 and 90 < mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
@@ -150,10 +152,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 13: 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
     if total_seq_len > 68 and num_seqs <= 31 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 12 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs <= 5 and mean_seq_len > 419:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 12 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 25 workloads, the baseline; its stand-ins where it cannot run here
+    # region 16: 25 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -165,39 +170,39 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 1: 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 9 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 36 workloads, 3.34x (1.15x .. 13.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3436 and num_seqs > 2 and 90 < mean_seq_len <= 487:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 22 workloads, 3.19x (1.73x .. 6.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4089 and num_seqs <= 2 and 90 < mean_seq_len <= 612:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4089 and num_seqs <= 2 and mean_seq_len > 612:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 5: 6 workloads, 1.80x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4089 and num_seqs > 2 and mean_seq_len > 487:
-        return 'triton_prefill_chunked.v64'
-    # region 6: 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill
+    # region 2: 42 workloads, 3.40x (1.42x .. 8.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1681 and 90 < mean_seq_len <= 612:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 3: 2 workloads, 2.50x (1.97x .. 3.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1681 and mean_seq_len > 612:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 4: 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill
     if 9 < total_seq_len <= 42 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill
+    # region 5: 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill
     if 42 < total_seq_len <= 125 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill
+    # region 6: 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill
     if 125 < total_seq_len <= 264 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 264 < total_seq_len <= 533 and mean_seq_len <= 5:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill
+    # region 8: 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill
     if total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 41 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 41 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
+    # region 10: 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
     if total_seq_len > 533 and mean_seq_len <= 5:
         return 'triton_prefill_fused.c16v32'
+    # region 11: 16 workloads, 3.01x (1.15x .. 13.34x) over vllm_flashinfer_prefill
+    if 1681 < total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 8 workloads, 1.78x (1.18x .. 3.04x) over vllm_flashinfer_prefill
+    if 1681 < total_seq_len <= 4089 and num_seqs <= 4 and mean_seq_len > 90:
+        return 'triton_prefill_chunked.v64'
     # region 13: 41 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4089 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
@@ -206,7 +211,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs <= 2 and 419 < mean_seq_len <= 724:  # region 4
+    if total_seq_len <= 1448 and num_seqs <= 5 and 419 < mean_seq_len <= 724:  # region 3
         return True
     return False
 
@@ -216,7 +221,7 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.43% mean, 73.88% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.25% mean, 73.88% max;
 #             1.354x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 8.83% mean, 168.94% max;
 #             2.251x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
@@ -246,35 +251,33 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #   23. 11 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   24. 24 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   25. 45 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   26. 72 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.00x (1.41x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   27. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
-#   28. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   29. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   30. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
-#   31. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and 1444 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   33. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   34. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
-#   35. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794: triton_prefill_chunked.v64, 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   38. total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 88 workloads, 2.54x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   40. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   41. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   44. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-#   45. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   46. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   47. 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   48. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   49. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   51. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   52. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   53. total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.69x (1.69x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   54. total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   26. 72 < total_seq_len <= 1299 and num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   27. 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len <= 724 and max_seq_len > 35: vllm_flashinfer_prefill.cp_off, 74 workloads, 2.45x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+#   28. 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len > 724 and max_seq_len > 35: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   29. 72 < total_seq_len <= 1299 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   30. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
+#   31. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   32. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   33. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
+#   34. 1299 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444: triton_prefill_chunked.v64, 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   38. 1299 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.62x (1.08x .. 5.21x) over vllm_flashinfer_prefill
+#   39. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   41. total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   42. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   44. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   45. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   47. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   48. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   49. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   51. total_seq_len > 9553 and num_seqs <= 22 and max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.72x (1.70x .. 1.74x) over vllm_flashinfer_prefill
+#   52. total_seq_len > 9553 and num_seqs <= 22 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 16 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 90 and num_seqs > 31 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -360,35 +363,33 @@ REGIONS_HINTED = (
     {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (11, 72)}, 'workloads': 2, 'speedup': (1.8, 1.82, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (1, None), 'num_seqs': (None, 35), 'total_seq_len': (24, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 14), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (72, 724)}, 'workloads': 8, 'speedup': (1.41, 2.0, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 28, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.1, 1.15), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1794), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, 2142), 'mean_seq_len': (181, None), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, None), 'mean_seq_len': (None, 181), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 1794), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.21, 1.22, 1.23), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1794, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (1, 11), 'total_seq_len': (72, None)}, 'workloads': 2, 'speedup': (4.69, 4.75, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, 1444), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 88, 'speedup': (1.06, 2.54, 5.83), 'fallbacks': ()},
-    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, None)}, 'workloads': 8, 'speedup': (5.81, 6.39, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 41, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.52, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3554), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.69, 1.69, 1.7), 'fallbacks': (), 'hand_back': True},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3554, None), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (None, 11), 'total_seq_len': (72, 1299)}, 'workloads': 2, 'speedup': (4.69, 4.75, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 22), 'total_seq_len': (72, 1299)}, 'workloads': 74, 'speedup': (1.06, 2.45, 5.83), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 22), 'total_seq_len': (72, 1299)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, 1299)}, 'workloads': 8, 'speedup': (5.81, 6.39, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 31, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.1, 1.15), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1299, 5792)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'mean_seq_len': (None, 181), 'num_seqs': (None, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 2, 'speedup': (1.21, 1.22, 1.23), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (None, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1444), 'num_seqs': (None, 22), 'total_seq_len': (1299, 9553)}, 'workloads': 22, 'speedup': (1.08, 2.62, 5.21), 'fallbacks': ()},
+    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2563), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.52, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2000), 'num_seqs': (None, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.7, 1.72, 1.74), 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (None, 22), 'total_seq_len': (9553, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -526,89 +527,86 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 45 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 26: 8 workloads, 2.00x (1.41x .. 2.74x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 724 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 26: 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1299 and num_seqs <= 11 and max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 27: 74 workloads, 2.45x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len <= 724 and max_seq_len > 35:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len > 724 and max_seq_len > 35:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1299 and 11 < num_seqs <= 22 and max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898:
         return 'triton_prefill_chunked.v64'
-    # region 29: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
+    # region 33: 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and 1444 < max_seq_len <= 1794:
+    # region 34: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 1299 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794:
-        return 'triton_prefill_chunked.v64'
     # region 35: 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794:
+    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 38: 88 workloads, 2.54x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444:
+    # region 38: 22 workloads, 2.62x (1.08x .. 5.21x) over vllm_flashinfer_prefill
+    if 1299 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 40: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    # region 39: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
     if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 24 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 24 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    # region 42: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444:
+    # region 45: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:
+    # region 48: 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 51: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029:
+    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 2563:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 2 workloads, 1.69x (1.69x .. 1.70x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:
+    # region 51: 2 workloads, 1.72x (1.70x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 9553 and num_seqs <= 22 and max_seq_len <= 2000:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554:
+    # region 52: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9553 and num_seqs <= 22 and max_seq_len > 2000:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -793,19 +791,15 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return True
     if num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28:  # region 20
         return True
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1794:  # region 33
+    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:  # region 35
         return True
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 1794:  # region 35
+    if 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:  # region 37
         return True
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1794 < max_seq_len <= 2142:  # region 36
+    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 39
         return True
-    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 41
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 46
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 48
-        return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:  # region 50
-        return True
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:  # region 53
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563:  # region 48
         return True
     return False
 

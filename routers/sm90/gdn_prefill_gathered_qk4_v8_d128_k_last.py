@@ -36,21 +36,21 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 12.07% mean, 204.18% max;
-#             1.140x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 23.70% mean, 354.35% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 11.48% mean, 204.18% max;
+#             1.142x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 23.71% mean, 354.35% max;
 #             1.486x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 7: triton_prefill_fused.c16v32, 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len > 7: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   5. 13 < num_seqs <= 188 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
 #   6. num_seqs > 188 and mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 107 and num_seqs <= 2 and mean_seq_len <= 602: vllm_flashinfer_prefill.cp_off, 18 workloads, 2.03x (1.19x .. 3.07x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   8. total_seq_len > 107 and num_seqs <= 2 and mean_seq_len > 602: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 46 workloads, 2.67x (1.04x .. 5.79x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. 75 < total_seq_len <= 1205 and num_seqs <= 11 and mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.61x (1.19x .. 5.79x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   8. 75 < total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.70x (1.04x .. 4.35x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   11. total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
@@ -68,16 +68,16 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 7, 'speedup': (2.48, 3.82, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (21, 45), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (13, 188)}, 'workloads': 52, 'speedup': (1.04, 1.08, 1.14), 'fallbacks': ()},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (188, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 602), 'num_seqs': (None, 2), 'total_seq_len': (107, None)}, 'workloads': 18, 'speedup': (1.19, 2.03, 3.07), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (602, None), 'num_seqs': (None, 2), 'total_seq_len': (107, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (2, 13), 'total_seq_len': (107, None)}, 'workloads': 46, 'speedup': (1.04, 2.67, 5.79), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (2, 13), 'total_seq_len': (107, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 724), 'num_seqs': (None, 11), 'total_seq_len': (75, 1205)}, 'workloads': 58, 'speedup': (1.19, 2.61, 5.79), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 13), 'total_seq_len': (75, 1205)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 8, 'speedup': (1.04, 1.7, 4.35), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (13, None), 'total_seq_len': (1448, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
 )
 
@@ -103,11 +103,11 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len <= 7:
+    if total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 7 workloads, 3.82x (2.48x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and num_seqs <= 13 and mean_seq_len > 7:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len > 7:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45:
         return 'vllm_flashinfer_prefill.cp_off'
@@ -120,17 +120,17 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 18 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 188 and mean_seq_len <= 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 18 workloads, 2.03x (1.19x .. 3.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 107 and num_seqs <= 2 and mean_seq_len <= 602:
+    # region 7: 58 workloads, 2.61x (1.19x .. 5.79x) over vllm_flashinfer_prefill
+    if 75 < total_seq_len <= 1205 and num_seqs <= 11 and mean_seq_len <= 724:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 107 and num_seqs <= 2 and mean_seq_len > 602:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 46 workloads, 2.67x (1.04x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len <= 362:
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 75 < total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 724:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 8 workloads, 1.70x (1.04x .. 4.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len <= 362:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 107 and 2 < num_seqs <= 13 and mean_seq_len > 362:
+    # region 10: 32 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 11: 44 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21:

@@ -35,17 +35,17 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.95% mean, 78.71% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 8.08% mean, 78.71% max;
 #             1.076x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.71% mean, 162.46% max;
-#             1.422x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.51% mean, 162.46% max;
+#             1.423x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.87x (4.60x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   1. total_seq_len <= 12 and num_seqs <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.37x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
 #   4. 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   5. num_seqs > 21 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 72 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   6. 31 < total_seq_len <= 66 and num_seqs <= 4: triton_prefill_fused.c16v32, 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   6. 12 < total_seq_len <= 66 and num_seqs <= 4: triton_prefill_fused.c16v32, 9 workloads, 4.56x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   7. 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
 #   8. 66 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
@@ -70,12 +70,12 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 31)}, 'workloads': 6, 'speedup': (4.6, 6.87, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 12)}, 'workloads': 4, 'speedup': (7.43, 8.37, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 63)}, 'workloads': 6, 'speedup': (1.72, 1.86, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, 90), 'num_seqs': (4, 21)}, 'workloads': 35, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, None)}, 'workloads': 72, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (31, 66)}, 'workloads': 7, 'speedup': (3.09, 4.26, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (12, 66)}, 'workloads': 9, 'speedup': (3.09, 4.56, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (63, 397)}, 'workloads': 12, 'speedup': (1.28, 1.43, 1.6), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (66, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
@@ -107,9 +107,9 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 6.87x (4.60x .. 8.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 1: 4 workloads, 8.37x (7.43x .. 9.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 12 and num_seqs <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
@@ -122,8 +122,8 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 72 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 21 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 4.26x (3.09x .. 6.39x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 66 and num_seqs <= 4:
+    # region 6: 9 workloads, 4.56x (3.09x .. 6.39x) over vllm_flashinfer_prefill
+    if 12 < total_seq_len <= 66 and num_seqs <= 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill
     if 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3:
@@ -208,7 +208,7 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.75% mean, 46.27% max;
 #             1.144x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.15% mean, 432.13% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.03% mean, 432.13% max;
 #             1.531x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -265,10 +265,10 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   4. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and 1 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.35x (1.58x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   5. total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.97x (2.23x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   6. total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and 6 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.73x (1.80x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 686: triton_prefill_fused.c16v32, 5 workloads, 5.01x (3.58x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 85: triton_prefill_fused.c16v32, 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 326 and num_seqs <= 4 and max_seq_len <= 54: cuda_prefill_pool_rows.k8c8, 15 workloads, 7.32x (4.83x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. total_seq_len <= 326 and 1 < num_seqs <= 4 and 85 < max_seq_len <= 686: triton_prefill_fused.c16v32, 12 workloads, 3.83x (3.06x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 326 and num_seqs <= 4 and 85 < max_seq_len <= 686: triton_prefill_fused.c16v32, 16 workloads, 3.92x (3.06x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   11. total_seq_len <= 362 and num_seqs > 14 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v32, 2 workloads, 1.74x (1.60x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
 #   12. total_seq_len <= 724 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   13. total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 111: triton_prefill_fused.c16v64, 2 workloads, 1.21x (1.11x .. 1.33x) over vllm_flashinfer_prefill
@@ -361,10 +361,10 @@ REGIONS_HINTED_EAGER = (
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (1, 111), 'mean_seq_len': (None, 1), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.58, 2.35, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (1, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 7, 'speedup': (2.23, 2.97, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 111), 'mean_seq_len': (1, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.8, 2.73, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (54, 686), 'num_seqs': (None, 1), 'total_seq_len': (None, 326)}, 'workloads': 5, 'speedup': (3.58, 5.01, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (54, 85), 'num_seqs': (None, 1), 'total_seq_len': (None, 326)}, 'workloads': 1, 'speedup': (10.15, 10.15, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 54), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 15, 'speedup': (4.83, 7.32, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (54, 85), 'num_seqs': (1, 4), 'total_seq_len': (None, 326)}, 'workloads': 3, 'speedup': (3.52, 4.59, 6.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (85, 686), 'num_seqs': (1, 4), 'total_seq_len': (None, 326)}, 'workloads': 12, 'speedup': (3.06, 3.83, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (85, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 16, 'speedup': (3.06, 3.92, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (54, 85), 'num_seqs': (1, 4), 'total_seq_len': (None, 326)}, 'workloads': 3, 'speedup': (3.52, 4.59, 6.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.6, 1.74, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.27, 1.49, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.11, 1.21, 1.33), 'fallbacks': ()},
@@ -572,18 +572,18 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 6: 6 workloads, 2.73x (1.80x .. 3.99x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and 6 < max_seq_len <= 111:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 5 workloads, 5.01x (3.58x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 85:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
     # region 8: 15 workloads, 7.32x (4.83x .. 11.39x) over vllm_flashinfer_prefill
     if total_seq_len <= 326 and num_seqs <= 4 and max_seq_len <= 54:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill
+    # region 9: 16 workloads, 3.92x (3.06x .. 5.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 4 and 85 < max_seq_len <= 686:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill
     if total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 12 workloads, 3.83x (3.06x .. 5.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and 1 < num_seqs <= 4 and 85 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 11: 2 workloads, 1.74x (1.60x .. 1.90x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 14 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'

@@ -33,52 +33,56 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.06% mean, 64.04% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.35% mean, 64.04% max;
 #             1.008x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.94% mean, 152.06% max;
-#             1.115x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.23% mean, 133.05% max;
+#             1.131x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
-#   2. total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 4165 and num_seqs <= 217 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 10 workloads, 1.54x (1.17x .. 8.31x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 4165 and num_seqs > 217 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. 451 < total_seq_len <= 4165 and num_seqs <= 2 and mean_seq_len > 6: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.64x (1.05x .. 2.45x) over vllm_flashinfer_prefill
-#   6. 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 43 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   7. total_seq_len > 4165: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 75 and num_seqs <= 3 and mean_seq_len <= 2159: triton_prefill_fused.c16v32, 3 workloads, 5.53x (4.76x .. 6.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 451 and num_seqs > 3 and mean_seq_len > 22: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 678 and num_seqs > 3 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 678 and num_seqs > 3 and 6 < mean_seq_len <= 22: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   5. num_seqs <= 3 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. total_seq_len > 75 and num_seqs <= 3 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+#   7. 451 < total_seq_len <= 678 and num_seqs > 3 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 678 and num_seqs > 3: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 99 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   1. total_seq_len <= 23 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.37x (7.61x .. 9.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 212 and 2 < num_seqs <= 23: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.92x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   3. total_seq_len <= 212 and num_seqs > 23: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.42x (1.79x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 99 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   5. 212 < total_seq_len <= 335 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   6. 212 < total_seq_len <= 335 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   8. total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 68 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 875: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   10. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 875: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. 23 < total_seq_len <= 109 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 6.04x (4.40x .. 8.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   5. 109 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   6. 212 < total_seq_len <= 335 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   7. 212 < total_seq_len <= 335 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 68 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 7 workloads, 2.35x (1.91x .. 2.66x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 451)}, 'workloads': 17, 'speedup': (1.03, 1.77, 3.63), 'fallbacks': ()},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (11, None), 'total_seq_len': (None, 451)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 217), 'total_seq_len': (None, 4165)}, 'workloads': 10, 'speedup': (1.17, 1.54, 8.31), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (217, None), 'total_seq_len': (None, 4165)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (None, 2), 'total_seq_len': (451, 4165)}, 'workloads': 8, 'speedup': (1.05, 1.64, 2.45), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (451, 4165)}, 'workloads': 43, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (4165, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 3), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (4.76, 5.53, 6.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (3, None), 'total_seq_len': (None, 451)}, 'workloads': 7, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (3, None), 'total_seq_len': (None, 678)}, 'workloads': 12, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 22), 'num_seqs': (3, None), 'total_seq_len': (None, 678)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 3), 'total_seq_len': (75, None)}, 'workloads': 14, 'speedup': (1.05, 2.13, 3.61), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (3, None), 'total_seq_len': (451, 678)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (678, None)}, 'workloads': 55, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 99)}, 'workloads': 4, 'speedup': (3.76, 6.82, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 23)}, 'workloads': 2, 'speedup': (7.61, 8.37, 9.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, 23), 'total_seq_len': (None, 212)}, 'workloads': 8, 'speedup': (1.19, 1.92, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 212)}, 'workloads': 4, 'speedup': (1.79, 2.42, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (99, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 335)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 335)}, 'workloads': 6, 'speedup': (1.17, 1.54, 2.6), 'fallbacks': ()},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 68, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 875), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (23, 109)}, 'workloads': 2, 'speedup': (4.4, 6.04, 8.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (109, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 335)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 335)}, 'workloads': 6, 'speedup': (1.17, 1.54, 2.6), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 68, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.91, 2.35, 2.66), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -87,26 +91,29 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 17 workloads, 1.77x (1.03x .. 3.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 451 and num_seqs <= 11 and mean_seq_len > 6:
+    # region 1: 3 workloads, 5.53x (4.76x .. 6.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 3 and mean_seq_len <= 2159:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 7 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs > 3 and mean_seq_len > 22:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 2: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 451 and num_seqs > 11 and mean_seq_len > 6:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 3: 10 workloads, 1.54x (1.17x .. 8.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4165 and num_seqs <= 217 and mean_seq_len <= 6:
+    # region 3: 12 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 678 and num_seqs > 3 and mean_seq_len <= 6:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 4165 and num_seqs > 217 and mean_seq_len <= 6:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 8 workloads, 1.64x (1.05x .. 2.45x) over vllm_flashinfer_prefill
-    if 451 < total_seq_len <= 4165 and num_seqs <= 2 and mean_seq_len > 6:
+    # region 4: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 678 and num_seqs > 3 and 6 < mean_seq_len <= 22:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 3 and mean_seq_len > 2159:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 14 workloads, 2.13x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 3 and mean_seq_len <= 2159:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 43 workloads, the baseline; its stand-ins where it cannot run here
-    if 451 < total_seq_len <= 4165 and num_seqs > 2 and mean_seq_len > 6:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4165:
+    # region 7: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if 451 < total_seq_len <= 678 and num_seqs > 3 and mean_seq_len > 22:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 55 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 678 and num_seqs > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -114,35 +121,38 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 6.82x (3.76x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 99 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 2 workloads, 8.37x (7.61x .. 9.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 23 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 8 workloads, 1.92x (1.19x .. 4.28x) over vllm_flashinfer_prefill
     if total_seq_len <= 212 and 2 < num_seqs <= 23:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 4 workloads, 2.42x (1.79x .. 3.99x) over vllm_flashinfer_prefill
     if total_seq_len <= 212 and num_seqs > 23:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if 99 < total_seq_len <= 362 and num_seqs <= 2:
+    # region 4: 2 workloads, 6.04x (4.40x .. 8.28x) over vllm_flashinfer_prefill
+    if 23 < total_seq_len <= 109 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if 109 < total_seq_len <= 362 and num_seqs <= 2:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 212 < total_seq_len <= 335 and 2 < num_seqs <= 8:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+    # region 7: 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
     if 212 < total_seq_len <= 335 and num_seqs > 8:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill
+    # region 8: 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill
     if total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 68 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 68 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 875:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 875:
+    # region 10: 7 workloads, 2.35x (1.91x .. 2.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -152,9 +162,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.99% mean, 19.62% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.97% mean, 19.62% max;
 #             1.088x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.78% mean, 83.92% max;
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.83% mean, 83.92% max;
 #             1.224x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -187,49 +197,51 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   28. total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   29. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 10 < max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.85x (7.43x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   1. total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
 #   2. total_seq_len <= 41 and num_seqs > 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   3. total_seq_len <= 41 and num_seqs > 2 and 2 < max_seq_len <= 70: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and 70 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.37x (1.17x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 126: triton_prefill_fused.c16v64, 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   6. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 268 and num_seqs > 22 and mean_seq_len <= 45 and max_seq_len > 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.23x (1.55x .. 2.66x) over vllm_flashinfer_prefill
-#   9. num_seqs <= 1 and mean_seq_len <= 37 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   12. 1 < num_seqs <= 2 and mean_seq_len <= 37 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. total_seq_len > 28 and num_seqs <= 2 and mean_seq_len <= 37 and 10 < max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   14. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.72x (1.85x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   15. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   16. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   17. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
-#   18. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 0 workloads
-#   20. 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   22. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   23. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   25. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   26. 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   27. 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   28. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   31. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 38 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   36. 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   37. total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   40. 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   41. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   42. total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   43. total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and 70 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.37x (1.17x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 126: triton_prefill_fused.c16v64, 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   8. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 268 and num_seqs > 22 and mean_seq_len <= 45 and max_seq_len > 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
+#   11. num_seqs <= 2 and mean_seq_len <= 1 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 9.30x (9.30x .. 9.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. num_seqs <= 2 and mean_seq_len <= 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. num_seqs <= 2 and 1 < mean_seq_len <= 37 and max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. total_seq_len > 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   15. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.72x (1.85x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   16. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   18. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
+#   19. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361: triton_prefill_fused.c16v64, 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   21. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 0 workloads
+#   22. 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   23. 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   24. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   25. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   26. 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   27. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   28. 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   29. 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   30. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   31. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   32. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   33. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   35. 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 38 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   36. 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   38. 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   39. total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   42. 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   43. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   44. total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   45. total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -264,49 +276,51 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 361), 'mean_seq_len': (None, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 2, 'speedup': (7.43, 7.85, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 361), 'mean_seq_len': (None, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (8.29, 8.29, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 70), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, 126), 'mean_seq_len': (None, 45), 'num_seqs': (2, 22), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.17, 1.37, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (None, 45), 'num_seqs': (2, 22), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (None, 45), 'num_seqs': (22, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 8, 'speedup': (1.55, 2.23, 2.66), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 37), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (9.35, 9.35, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 37), 'num_seqs': (1, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 361), 'mean_seq_len': (None, 37), 'num_seqs': (None, 2), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.85, 2.72, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 9, 'speedup': (1.46, 2.18, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.24, 1.36, 1.49), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 181), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.21, 1.54, 1.98), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (90, 234), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (234, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'num_seqs': (2, None), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.47, 1.56, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 2896)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (2, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (335, 17695)}, 'workloads': 38, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (379, 17695)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (724, 17695)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.29, 1.4, 1.52), 'fallbacks': ()},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (2896, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (2, 113), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (113, None), 'total_seq_len': (17695, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.6, 4.6, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, 126), 'mean_seq_len': (None, 45), 'num_seqs': (2, 22), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.17, 1.37, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (None, 45), 'num_seqs': (2, 22), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (None, 45), 'num_seqs': (22, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.55, 1.89, 2.29), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 1), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (9.3, 9.3, 9.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (None, 875), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (1, 37), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (14, 361), 'mean_seq_len': (None, 37), 'num_seqs': (None, 2), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.85, 2.72, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 9, 'speedup': (1.46, 2.18, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.24, 1.36, 1.49), 'fallbacks': ()},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (2.51, 3.5, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 181), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.21, 1.54, 1.98), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (90, 234), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (234, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'num_seqs': (2, None), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.47, 1.56, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 2896)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (2, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (335, 17695)}, 'workloads': 38, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (379, 17695)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (724, 17695)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.29, 1.4, 1.52), 'fallbacks': ()},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (2896, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (2, 113), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (113, None), 'total_seq_len': (17695, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -408,130 +422,136 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 7.85x (7.43x .. 8.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 10 < max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 41 and num_seqs > 2 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 41 and num_seqs > 2 and 2 < max_seq_len <= 70:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 3 workloads, 1.37x (1.17x .. 1.63x) over vllm_flashinfer_prefill
+    # region 4: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 3 workloads, 1.37x (1.17x .. 1.63x) over vllm_flashinfer_prefill
     if total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and 70 < max_seq_len <= 126:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
+    # region 7: 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 126:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 70:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    # region 9: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 268 and num_seqs > 22 and mean_seq_len <= 45 and max_seq_len > 70:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 8 workloads, 2.23x (1.55x .. 2.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
+    # region 10: 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and mean_seq_len <= 37 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 10: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 1 < num_seqs <= 2 and mean_seq_len <= 37 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 28 and num_seqs <= 2 and mean_seq_len <= 37 and 10 < max_seq_len <= 361:
+    # region 11: 1 workloads, 9.30x (9.30x .. 9.30x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 1 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 875 and max_seq_len > 361:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 1 < mean_seq_len <= 37 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 2 workloads, 2.72x (1.85x .. 3.99x) over vllm_flashinfer_prefill
+    # region 15: 2 workloads, 2.72x (1.85x .. 3.99x) over vllm_flashinfer_prefill
     if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 37:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill
+    # region 16: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill
     if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 37 < max_seq_len <= 70:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill
+    # region 17: 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill
     if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 2 and max_seq_len <= 37:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
+    # region 18: 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
     if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 19: 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill
+    # region 23: 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:
         return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill
+    # region 26: 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
     if 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 29: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
+    # region 31: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
+    # region 33: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
     if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:
         return 'triton_prefill_fused.c16v64'
-    # region 32: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
+    # region 34: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 33: 38 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 38 workloads, the baseline; its stand-ins where it cannot run here
     if 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    # region 36: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
     if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
+    # region 39: 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
     if total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    # region 40: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:
         return 'triton_prefill_fused.c16v64'
-    # region 39: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    # region 41: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+    # region 45: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40:
         return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -548,24 +568,24 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:  # region 18
+    if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:  # region 20
         return True
-    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 20
+    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 22
         return True
-    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:  # region 22
+    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:  # region 24
         return True
-    if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:  # region 26
+    if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:  # region 28
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:  # region 28
+    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:  # region 30
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:  # region 29
+    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:  # region 31
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:  # region 31
+    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:  # region 33
         return True
-    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 34
+    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 36
         return True
-    if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:  # region 38
+    if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:  # region 40
         return True
-    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:  # region 39
+    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:  # region 41
         return True
     return False

@@ -33,19 +33,21 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 19.84% mean, 251.13% max;
-#             1.232x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 44.41% mean, 561.32% max;
-#             1.937x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 17.81% mean, 251.13% max;
+#             1.240x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 46.00% mean, 561.32% max;
+#             1.930x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 61 and num_seqs <= 51 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.89x (1.60x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 37 and num_seqs <= 51 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.60x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 2973 and 51 < num_seqs <= 128 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 15 workloads, 1.11x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   4. 245 < mean_seq_len <= 419: triton_prefill_chunked.v64, 9 workloads, 1.49x (1.04x .. 2.13x) over vllm_flashinfer_prefill
-#   5. mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   8. total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. num_seqs <= 2 and 245 < mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.56x (1.09x .. 2.17x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. num_seqs <= 2 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. num_seqs > 2 and 245 < mean_seq_len <= 419: triton_prefill_chunked.v64, 7 workloads, 1.53x (1.04x .. 2.13x) over vllm_flashinfer_prefill
+#   7. num_seqs > 2 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. total_seq_len > 37 and num_seqs <= 51 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 42 workloads, 2.83x (1.03x .. 5.80x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 362 and num_seqs > 21: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: triton_prefill_chunked.v64, 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -63,14 +65,16 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (None, 61)}, 'workloads': 6, 'speedup': (1.6, 4.89, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (None, 37)}, 'workloads': 5, 'speedup': (1.6, 5.61, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.03, 1.04, 1.07), 'fallbacks': ()},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 128), 'total_seq_len': (None, 2973)}, 'workloads': 15, 'speedup': (1.04, 1.11, 1.13), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (245, 419)}, 'workloads': 9, 'speedup': (1.04, 1.49, 2.13), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (61, None)}, 'workloads': 41, 'speedup': (1.03, 2.81, 5.8), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 169), 'total_seq_len': (2973, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (245, 724), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.09, 1.56, 2.17), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (245, 419), 'num_seqs': (2, None)}, 'workloads': 7, 'speedup': (1.04, 1.53, 2.13), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (2, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 51), 'total_seq_len': (37, None)}, 'workloads': 42, 'speedup': (1.03, 2.83, 5.8), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (51, 169), 'total_seq_len': (2973, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
@@ -95,28 +99,34 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 4.89x (1.60x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 61 and num_seqs <= 51 and mean_seq_len <= 245:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 5 workloads, 5.61x (1.60x .. 9.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 37 and num_seqs <= 51 and mean_seq_len <= 245:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 3: 15 workloads, 1.11x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2973 and 51 < num_seqs <= 128 and mean_seq_len <= 245:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 9 workloads, 1.49x (1.04x .. 2.13x) over vllm_flashinfer_prefill
-    if 245 < mean_seq_len <= 419:
-        return 'triton_prefill_chunked.v64'
-    # region 5: 21 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 419:
+    # region 4: 6 workloads, 1.56x (1.09x .. 2.17x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 245 < mean_seq_len <= 724:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 724:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 41 workloads, 2.81x (1.03x .. 5.80x) over vllm_flashinfer_prefill
-    if total_seq_len > 61 and num_seqs <= 51 and mean_seq_len <= 245:
+    # region 6: 7 workloads, 1.53x (1.04x .. 2.13x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and 245 < mean_seq_len <= 419:
+        return 'triton_prefill_chunked.v64'
+    # region 7: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 2 and mean_seq_len > 419:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 42 workloads, 2.83x (1.03x .. 5.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 37 and num_seqs <= 51 and mean_seq_len <= 245:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -179,54 +189,53 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 724 and num_seqs <= 1 and max_seq_len > 29: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.98x (1.41x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 43 workloads, 2.40x (1.07x .. 5.80x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   9. num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. num_seqs <= 11 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   12. num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   13. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   14. 1 < num_seqs <= 5 and 32 < max_seq_len <= 50: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   15. 1 < num_seqs <= 11 and 29 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   16. 5 < num_seqs <= 21 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   17. 5 < num_seqs <= 51 and 32 < max_seq_len <= 50: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 1299 and num_seqs <= 5 and 32 < max_seq_len <= 50: triton_prefill_fused.c16v32, 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 1299 and num_seqs <= 11 and 29 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   6. total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len <= 724 and max_seq_len > 50: vllm_flashinfer_prefill.cp_off, 38 workloads, 2.31x (1.07x .. 5.80x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len > 724 and max_seq_len > 50: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 1299 and 5 < num_seqs <= 51 and 32 < max_seq_len <= 50: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len <= 1299 and 11 < num_seqs <= 51 and 29 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   10. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   12. num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. num_seqs <= 11 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   15. num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   16. num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29: triton_prefill_fused.c16v32, 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   17. 5 < num_seqs <= 21 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   18. 11 < num_seqs <= 21 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   19. 11 < num_seqs <= 51 and 29 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   20. 21 < num_seqs <= 51 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   21. 21 < num_seqs <= 51 and 3 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. 21 < num_seqs <= 51 and 13 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   23. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-#   24. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   27. 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
-#   29. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   30. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   31. 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   32. 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   34. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
-#   36. total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   39. total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   42. 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   43. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
-#   46. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   47. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   48. 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 0 workloads
-#   49. total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   50. total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. 21 < num_seqs <= 51 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   20. 21 < num_seqs <= 51 and 3 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   21. 21 < num_seqs <= 51 and 13 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   22. 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   23. 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   25. 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   26. 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
+#   28. 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   29. num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   30. 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   31. 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   32. num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   33. num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   34. total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
+#   35. total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+#   38. 1299 < total_seq_len <= 4833 and num_seqs <= 11 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 306 and 1444 < max_seq_len <= 1794: triton_prefill_chunked.v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 1299 < total_seq_len <= 4833 and num_seqs <= 51 and 29 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.61x (1.10x .. 5.16x) over vllm_flashinfer_prefill
+#   41. 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 306 and 1444 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 1299 < total_seq_len <= 4833 and 11 < num_seqs <= 51 and max_seq_len > 1794: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   45. 4833 < total_seq_len <= 20107 and num_seqs <= 51 and 29 < max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.83x (1.04x .. 3.51x) over vllm_flashinfer_prefill
+#   46. 4833 < total_seq_len <= 20107 and num_seqs <= 51 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   48. total_seq_len > 20107 and num_seqs <= 51 and 29 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   49. total_seq_len > 20107 and num_seqs <= 51 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len > 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
@@ -272,54 +281,53 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.41, 1.98, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1444), 'num_seqs': (1, 51), 'total_seq_len': (None, 4833)}, 'workloads': 43, 'speedup': (1.07, 2.4, 5.8), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 51), 'total_seq_len': (None, 4833)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (8.64, 9.24, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (7.62, 7.62, 7.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (1, 5)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (1, 11)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (5, 51)}, 'workloads': 1, 'speedup': (5.24, 5.24, 5.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (None, 5), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (3.91, 3.91, 3.91), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (None, 11), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 38, 'speedup': (1.07, 2.31, 5.8), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (50, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 50), 'num_seqs': (5, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (5.24, 5.24, 5.24), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (11, 51), 'total_seq_len': (None, 1299)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (8.64, 9.24, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (7.62, 7.62, 7.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 18), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (18, 29), 'mean_seq_len': (None, 5), 'num_seqs': (None, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (5.83, 6.46, 6.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'num_seqs': (11, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 32), 'num_seqs': (11, 51)}, 'workloads': 1, 'speedup': (5.6, 5.6, 5.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 29), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.31, 1.43, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (8, 11), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 13), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (159, None)}, 'workloads': 3, 'speedup': (1.41, 1.42, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
-    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (1, 5), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 2142), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 51), 'total_seq_len': (4833, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (50, 1810), 'num_seqs': (1, 51), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.04, 1.96, 3.51), 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 3029), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': (), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (1, 51), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 5026), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5026, None), 'num_seqs': (1, 51), 'total_seq_len': (20107, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (21, 51)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 6), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (13, 29), 'num_seqs': (21, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 636), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 2, 'speedup': (1.1, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, None), 'mean_seq_len': (2, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 13), 'mean_seq_len': (None, 2), 'num_seqs': (51, 90)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.31, 1.43, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (8, 11), 'mean_seq_len': (2, None), 'num_seqs': (51, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (79, 192)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (273, None), 'mean_seq_len': (2, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 13), 'mean_seq_len': (None, 2), 'num_seqs': (90, 159)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (159, None)}, 'workloads': 3, 'speedup': (1.41, 1.42, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 273), 'mean_seq_len': (2, None), 'num_seqs': (192, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (51, 181), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.11, 1.11, 1.12), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (None, 11), 'total_seq_len': (1299, 4833)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 1794), 'mean_seq_len': (None, 306), 'num_seqs': (None, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 9, 'speedup': (1.1, 2.61, 5.16), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1794), 'mean_seq_len': (306, None), 'num_seqs': (None, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (11, 51), 'total_seq_len': (1299, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 125), 'mean_seq_len': (2, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 2000), 'num_seqs': (None, 51), 'total_seq_len': (4833, 20107)}, 'workloads': 5, 'speedup': (1.04, 1.83, 3.51), 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (None, 51), 'total_seq_len': (4833, 20107)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 161), 'mean_seq_len': (2, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, 1810), 'num_seqs': (None, 51), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1810, None), 'num_seqs': (None, 51), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -377,146 +385,146 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 2: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 4 workloads, 1.98x (1.41x .. 2.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs <= 1 and max_seq_len > 29:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    # region 3: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 51 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
+    # region 4: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and num_seqs <= 5 and 32 < max_seq_len <= 50:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and num_seqs <= 11 and 29 < max_seq_len <= 32:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 38 workloads, 2.31x (1.07x .. 5.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len <= 724 and max_seq_len > 50:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1299 and num_seqs <= 51 and mean_seq_len > 724 and max_seq_len > 50:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and 5 < num_seqs <= 51 and 32 < max_seq_len <= 50:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1299 and 11 < num_seqs <= 51 and 29 < max_seq_len <= 32:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 43 workloads, 2.40x (1.07x .. 5.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1444:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 9.24x (8.64x .. 9.88x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 10: 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill
+    # region 13: 1 workloads, 7.62x (7.62x .. 7.62x) over vllm_flashinfer_prefill
     if num_seqs <= 11 and 2 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 21 and mean_seq_len <= 5 and 7 < max_seq_len <= 18:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 21 and mean_seq_len <= 5 and 18 < max_seq_len <= 29:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
+    # region 16: 4 workloads, 6.46x (5.83x .. 6.97x) over vllm_flashinfer_prefill
     if num_seqs <= 21 and mean_seq_len > 5 and 7 < max_seq_len <= 29:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 1 workloads, 3.91x (3.91x .. 3.91x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 5 and 32 < max_seq_len <= 50:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 11 and 29 < max_seq_len <= 32:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 5 < num_seqs <= 21 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 1 workloads, 5.24x (5.24x .. 5.24x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 51 and 32 < max_seq_len <= 50:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 18: 0 workloads, by estimated times (no measured workload in it)
     if 11 < num_seqs <= 21 and 2 < max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 1 workloads, 5.60x (5.60x .. 5.60x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 51 and 29 < max_seq_len <= 32:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+    # region 19: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
     if 21 < num_seqs <= 51 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
     if 21 < num_seqs <= 51 and 3 < max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
     if 21 < num_seqs <= 51 and 13 < max_seq_len <= 29:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    # region 22: 2 workloads, 1.11x (1.10x .. 1.11x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 79 and mean_seq_len > 2 and 161 < max_seq_len <= 636:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 51 < num_seqs <= 79 and mean_seq_len > 2 and max_seq_len > 636:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    # region 24: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 90 and mean_seq_len <= 2 and 3 < max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 27: 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill
+    # region 26: 2 workloads, 1.43x (1.31x .. 1.56x) over vllm_flashinfer_prefill
     if 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 11:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 79 < num_seqs <= 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 79 and mean_seq_len > 2 and max_seq_len > 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 90 < num_seqs <= 159 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if 90 < num_seqs <= 159 and mean_seq_len <= 2 and 6 < max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 33: 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill
+    # region 32: 3 workloads, 1.42x (1.41x .. 1.44x) over vllm_flashinfer_prefill
     if num_seqs > 159 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 192 and mean_seq_len > 2 and 125 < max_seq_len <= 273:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    # region 36: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs <= 1 and max_seq_len > 29:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
+    # region 37: 4 workloads, 1.11x (1.11x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 51 < num_seqs <= 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1299 < total_seq_len <= 4833 and num_seqs <= 11 and max_seq_len > 1794:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill's guarded call
+    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 306 and 1444 < max_seq_len <= 1794:
+        return 'triton_prefill_chunked.v64'
+    # region 40: 9 workloads, 2.61x (1.10x .. 5.16x) over vllm_flashinfer_prefill
+    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and 29 < max_seq_len <= 1444:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 306 and 1444 < max_seq_len <= 1794:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if 1299 < total_seq_len <= 4833 and 11 < num_seqs <= 51 and max_seq_len > 1794:
+        return 'triton_prefill_chunked.v64'
+    # region 43: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1810:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill's guarded call
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:
+    # region 45: 5 workloads, 1.83x (1.04x .. 3.51x) over vllm_flashinfer_prefill
+    if 4833 < total_seq_len <= 20107 and num_seqs <= 51 and 29 < max_seq_len <= 2000:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and max_seq_len > 2142:
+    # region 46: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 4833 < total_seq_len <= 20107 and num_seqs <= 51 and max_seq_len > 2000:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 3 workloads, 1.96x (1.04x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and 1 < num_seqs <= 51 and 50 < max_seq_len <= 1810:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 2 and 125 < max_seq_len <= 161:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill's guarded call
-    if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 20107 and num_seqs <= 51 and 29 < max_seq_len <= 1810:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 20107 and 1 < num_seqs <= 51 and max_seq_len > 5026:
+    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 20107 and num_seqs <= 51 and max_seq_len > 1810:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -649,15 +657,13 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:  # region 37
+    if 724 < total_seq_len <= 1448 and num_seqs > 181 and mean_seq_len > 2 and 11 < max_seq_len <= 125:  # region 36
         return True
-    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:  # region 40
+    if 1299 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 306 and 1444 < max_seq_len <= 1794:  # region 39
         return True
-    if 4833 < total_seq_len <= 9553 and 5 < num_seqs <= 51 and 1810 < max_seq_len <= 2142:  # region 43
+    if 1299 < total_seq_len <= 4833 and 11 < num_seqs <= 51 and max_seq_len > 1794:  # region 42
         return True
-    if 9553 < total_seq_len <= 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 3029:  # region 47
-        return True
-    if total_seq_len > 20107 and 1 < num_seqs <= 51 and 1810 < max_seq_len <= 5026:  # region 49
+    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 11:  # region 43
         return True
     return False
 

@@ -34,50 +34,52 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 16.50% mean, 334.84% max;
-#             1.125x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 22.09% mean, 194.36% max;
-#             1.500x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 14.90% mean, 334.84% max;
+#             1.127x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.25% mean, 194.36% max;
+#             1.509x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 107 and num_seqs <= 13: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.44x (1.39x .. 8.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 48 and num_seqs <= 13: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.60x (1.45x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1448 and 13 < num_seqs <= 188: vllm_flashinfer_prefill.cp_off, 29 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
 #   3. total_seq_len <= 1448 and num_seqs > 188: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   4. 107 < total_seq_len <= 929 and num_seqs <= 13: vllm_flashinfer_prefill.cp_off, 19 workloads, 2.89x (1.50x .. 5.78x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. 48 < total_seq_len <= 929 and num_seqs <= 13: vllm_flashinfer_prefill.cp_off, 20 workloads, 2.89x (1.50x .. 5.78x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
 #   5. total_seq_len > 929 and num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.13x (1.08x .. 4.98x) over vllm_flashinfer_prefill
 #   6. total_seq_len > 929 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   7. total_seq_len > 1448 and num_seqs > 13: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 399 and 2 < mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
-#   2. total_seq_len <= 1448 and num_seqs <= 2 and 45 < mean_seq_len <= 237: cuda_prefill_pool_rows.k16c8, 5 workloads, 3.51x (2.49x .. 4.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1448 and num_seqs > 2 and 45 < mean_seq_len <= 237: triton_prefill_fused.c16v32, 16 workloads, 2.72x (1.20x .. 6.29x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 120 and mean_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.42x (2.25x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   2. total_seq_len <= 146 and 45 < mean_seq_len <= 237: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 399 and 2 < mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
 #   4. total_seq_len <= 5258 and 237 < mean_seq_len <= 323: triton_prefill_fused.c16v32, 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   5. total_seq_len <= 5258 and mean_seq_len > 323: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
-#   6. mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 9 workloads, 2.51x (1.24x .. 8.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len > 399 and 2 < mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   8. total_seq_len > 1448 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len > 5258 and mean_seq_len > 237: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. total_seq_len > 120 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.04x (1.30x .. 3.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   7. 146 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237: triton_prefill_fused.c16v32, 19 workloads, 2.83x (1.20x .. 6.29x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 399 and 2 < mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   9. total_seq_len > 1448 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len > 5258 and mean_seq_len > 237: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (1.39, 4.44, 8.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (None, 48)}, 'workloads': 5, 'speedup': (1.45, 5.6, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 188), 'total_seq_len': (None, 1448)}, 'workloads': 29, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (188, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (107, 929)}, 'workloads': 19, 'speedup': (1.5, 2.89, 5.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (48, 929)}, 'workloads': 20, 'speedup': (1.5, 2.89, 5.78), 'fallbacks': ('triton_prefill_chunked.v64',)},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (929, None)}, 'workloads': 10, 'speedup': (1.08, 2.13, 4.98), 'fallbacks': ()},
     {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (929, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (13, None), 'total_seq_len': (1448, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (None, 399)}, 'workloads': 18, 'speedup': (1.14, 3.39, 17.75), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (45, 237), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (2.49, 3.51, 4.63), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 237), 'num_seqs': (2, None), 'total_seq_len': (None, 1448)}, 'workloads': 16, 'speedup': (1.2, 2.72, 6.29), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 120)}, 'workloads': 3, 'speedup': (2.25, 4.42, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (None, 146)}, 'workloads': 2, 'speedup': (3.85, 4.22, 4.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (None, 399)}, 'workloads': 18, 'speedup': (1.14, 3.39, 17.75), 'fallbacks': ()},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (237, 323), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.32, 2.64, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (323, None), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.29, 1.89, 3.08), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2)}, 'workloads': 9, 'speedup': (1.24, 2.51, 8.42), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (120, None)}, 'workloads': 6, 'speedup': (1.3, 2.04, 3.27), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (146, 1448)}, 'workloads': 19, 'speedup': (1.2, 2.83, 6.29), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -86,17 +88,17 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 4.44x (1.39x .. 8.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and num_seqs <= 13:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 5 workloads, 5.60x (1.45x .. 8.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs <= 13:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 29 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 13 < num_seqs <= 188:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 3: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 1448 and num_seqs > 188:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 4: 19 workloads, 2.89x (1.50x .. 5.78x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 929 and num_seqs <= 13:
+    # region 4: 20 workloads, 2.89x (1.50x .. 5.78x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 929 and num_seqs <= 13:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 5: 10 workloads, 2.13x (1.08x .. 4.98x) over vllm_flashinfer_prefill
     if total_seq_len > 929 and num_seqs <= 13 and mean_seq_len <= 362:
@@ -113,31 +115,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
+    # region 1: 3 workloads, 4.42x (2.25x .. 8.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 120 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 146 and 45 < mean_seq_len <= 237:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
     if total_seq_len <= 399 and 2 < mean_seq_len <= 45:
         return 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 3.51x (2.49x .. 4.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 2 and 45 < mean_seq_len <= 237:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 16 workloads, 2.72x (1.20x .. 6.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 2 and 45 < mean_seq_len <= 237:
-        return 'triton_prefill_fused.c16v32'
     # region 4: 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill
     if total_seq_len <= 5258 and 237 < mean_seq_len <= 323:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
     if total_seq_len <= 5258 and mean_seq_len > 323:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 9 workloads, 2.51x (1.24x .. 8.42x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 23 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 6 workloads, 2.04x (1.30x .. 3.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 120 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 19 workloads, 2.83x (1.20x .. 6.29x) over vllm_flashinfer_prefill
+    if 146 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237:
+        return 'triton_prefill_fused.c16v32'
+    # region 8: 23 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and 2 < mean_seq_len <= 45:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 45 < mean_seq_len <= 237:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 15 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and mean_seq_len > 237:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -153,178 +158,170 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 # held out    eager: 5-fold over workloads: regret vs the best variant 9.18% mean, 194.36% max;
 #             1.656x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 51 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 1448 and 40 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.05x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 1448 and num_seqs > 40 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len > 11: vllm_flashinfer_prefill (baseline), 0 workloads
-#   8. total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 1704 and num_seqs <= 9 and 32 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 1704 and num_seqs <= 9 and max_seq_len > 1021: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
-#   12. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. num_seqs <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.21x (7.84x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   15. num_seqs <= 2 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.67x (7.67x .. 7.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   16. num_seqs <= 2 and 11 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   17. 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   18. 1 < num_seqs <= 5 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   19. 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   20. 9 < num_seqs <= 40 and mean_seq_len <= 90 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 0 workloads
-#   21. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   22. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   23. num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   25. total_seq_len > 51 and 5 < num_seqs <= 24 and mean_seq_len > 5 and max_seq_len <= 17: triton_prefill_fused.c16v64, 3 workloads, 1.28x (1.28x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   26. total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 51 and 24 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   28. total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   29. total_seq_len > 1448 and num_seqs > 40 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   30. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
-#   32. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   34. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   38. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   39. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
-#   40. total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 51 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 1448 and 40 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.05x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 1448 and num_seqs > 40 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len > 11: vllm_flashinfer_prefill (baseline), 0 workloads
+#   7. total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32: triton_prefill_fused.c16v32, 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 32: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
+#   11. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.60x (8.60x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. num_seqs <= 5 and 2 < max_seq_len <= 13: cuda_prefill_pool_rows.k16c8, 3 workloads, 7.62x (7.36x .. 7.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. num_seqs <= 5 and 13 < max_seq_len <= 17: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   16. 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+#   18. 9 < num_seqs <= 40 and mean_seq_len <= 90 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   20. num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   21. num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 51 and 5 < num_seqs <= 24 and mean_seq_len > 5 and max_seq_len <= 17: triton_prefill_fused.c16v64, 3 workloads, 1.28x (1.28x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   23. total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 51 and 24 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   25. total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   26. total_seq_len > 1448 and num_seqs > 40 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   27. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   28. total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
+#   29. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 0 workloads
+#   30. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   31. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   33. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   34. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   35. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   36. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   38. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 12 and mean_seq_len <= 45 and max_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 4 workloads, 11.07x (7.59x .. 17.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and mean_seq_len <= 45 and 5 < max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 4 workloads, 3.80x (1.91x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and 12 < num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 4.61x (4.61x .. 4.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 181 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   6. total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 75: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.10x (4.10x .. 4.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242: triton_prefill_fused.c16v32, 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   10. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615: triton_prefill_fused.c16v32, 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615: triton_prefill_chunked.v64, 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   13. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   14. total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   16. total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
-#   17. num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511: triton_prefill_fused.c16v32, 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
-#   19. num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047: triton_prefill_chunked.v64, 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   20. num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
-#   21. num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340: triton_prefill_fused.c16v64, 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   22. num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   23. num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222: triton_prefill_fused.c16v64, 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
-#   24. 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132: triton_prefill_fused.c16v32, 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   25. total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
-#   26. 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   27. 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 75: triton_prefill_fused.c16v64, 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   28. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   29. total_seq_len > 362 and num_seqs > 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: vllm_flashinfer_prefill (baseline), 0 workloads
-#   30. 724 < total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   31. 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8
-#   32. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   33. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and 181 < max_seq_len <= 617: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   34. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   35. total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 1448 and 11 < mean_seq_len <= 45 and 29 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, flashqla_chunk
-#   37. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   38. total_seq_len > 2232 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   39. total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   40. total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 93 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 7 workloads, 8.28x (2.25x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   4. total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 98: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.36x (4.10x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242: triton_prefill_fused.c16v32, 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
+#   7. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615: triton_prefill_fused.c16v32, 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615: triton_prefill_chunked.v64, 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   10. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   11. total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
+#   14. num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511: triton_prefill_fused.c16v32, 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   15. num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
+#   16. num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047: triton_prefill_chunked.v64, 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340: triton_prefill_fused.c16v64, 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   19. num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   20. num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222: triton_prefill_fused.c16v64, 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
+#   21. 93 < total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   22. 93 < total_seq_len <= 181 and mean_seq_len <= 45 and 6 < max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.29x (1.91x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   23. 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132: triton_prefill_fused.c16v32, 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   24. total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
+#   25. 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   26. 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 98: triton_prefill_fused.c16v64, 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   27. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
+#   28. total_seq_len > 362 and num_seqs > 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: vllm_flashinfer_prefill (baseline), 0 workloads
+#   29. 724 < total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   30. 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8
+#   31. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   32. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and 181 < max_seq_len <= 617: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   33. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   34. total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 1448 and 11 < mean_seq_len <= 45 and 29 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, flashqla_chunk
+#   36. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   37. total_seq_len > 2232 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   38. total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   39. total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   40. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 17), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (1.73, 1.91, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 17), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (5, None), 'num_seqs': (40, 90), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (40, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 1, 'speedup': (5.1, 5.1, 5.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, 1021), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 28, 'speedup': (1.19, 2.58, 5.78), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1021, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 741), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 3, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (7.84, 8.21, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.67, 7.67, 7.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 17), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'num_seqs': (1, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1211), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 10, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 5, 'speedup': (1.36, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (40, None)}, 'workloads': 3, 'speedup': (1.27, 1.35, 1.44), 'fallbacks': ()},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 17), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (5, 24), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.28, 1.28, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 5), 'num_seqs': (5, 40), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (24, 40), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (40, None), 'total_seq_len': (1448, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 5, 'speedup': (1.72, 2.54, 4.35), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (1.73, 1.91, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 17), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (5, None), 'num_seqs': (40, 90), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (40, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 1, 'speedup': (5.1, 5.1, 5.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 28, 'speedup': (1.19, 2.58, 5.78), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 32), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 741), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 3, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (None, 10278)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (8.6, 8.6, 8.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 13), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (7.36, 7.62, 7.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (13, 17), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1211), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 10, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'mean_seq_len': (None, 90), 'num_seqs': (9, 40)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 5, 'speedup': (1.36, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23, None), 'mean_seq_len': (None, 2), 'num_seqs': (40, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (40, None)}, 'workloads': 3, 'speedup': (1.27, 1.35, 1.44), 'fallbacks': ()},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (5, 24), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.28, 1.28, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 5), 'num_seqs': (5, 40), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (5, None), 'num_seqs': (24, 40), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (40, None), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (40, None), 'total_seq_len': (1448, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 5, 'speedup': (1.72, 2.54, 4.35), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 2, 'speedup': (1.41, 1.43, 1.45), 'fallbacks': (), 'hand_back': True},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (90, None), 'num_seqs': (9, 40), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 45), 'num_seqs': (None, 12), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (7.59, 11.07, 17.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (1.91, 3.8, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (75, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.85, 4.22, 4.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 45), 'num_seqs': (12, 45), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.61, 4.61, 4.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.05, 2.48, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (29, 132), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.62, 2.74, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 75), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (4.1, 4.1, 4.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 242), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.2, 2.54, 3.69), 'fallbacks': ()},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (242, 315), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 615), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.7, 2.39, 3.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (615, None), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 627), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.38, 2.0, 2.88), 'fallbacks': (), 'hand_back': True},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (None, 5258)}, 'workloads': 2, 'speedup': (1.29, 1.59, 1.96), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (None, 10278)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (None, 19714)}, 'workloads': 2, 'speedup': (1.22, 1.89, 2.94), 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (2.82, 4.16, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 1794), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 12, 'speedup': (1.32, 1.97, 3.08), 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2047), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.27, 2.27, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2047, 2304), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 340), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.3, 1.43, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (340, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 222), 'mean_seq_len': (None, 45), 'num_seqs': (45, None)}, 'workloads': 3, 'speedup': (1.16, 1.51, 1.92), 'fallbacks': ()},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (75, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (3.23, 4.3, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.55, 2.29, 3.52), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.39, 1.83, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 75), 'mean_seq_len': (45, 237), 'total_seq_len': (362, 1448)}, 'workloads': 2, 'speedup': (4.54, 5.01, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, 617), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (11, 45), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (2232, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (19714, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 93)}, 'workloads': 7, 'speedup': (2.25, 8.28, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.85, 3.85, 3.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (29, 132), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.62, 2.74, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 98), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (4.1, 4.36, 4.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 242), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.2, 2.54, 3.69), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (242, 315), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 615), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.7, 2.39, 3.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (615, None), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 627), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.38, 2.0, 2.88), 'fallbacks': (), 'hand_back': True},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (None, 5258)}, 'workloads': 2, 'speedup': (1.29, 1.59, 1.96), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (None, 10278)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (None, 19714)}, 'workloads': 2, 'speedup': (1.22, 1.89, 2.94), 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (2.82, 4.16, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 1794), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 12, 'speedup': (1.32, 1.97, 3.08), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2047), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.27, 2.27, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2047, 2304), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 340), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.3, 1.43, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (340, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 222), 'mean_seq_len': (None, 45), 'num_seqs': (45, None)}, 'workloads': 3, 'speedup': (1.16, 1.51, 1.92), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 45), 'total_seq_len': (93, 181)}, 'workloads': 2, 'speedup': (2.05, 2.48, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (93, 181)}, 'workloads': 2, 'speedup': (1.91, 2.29, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (3.23, 4.3, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.55, 2.29, 3.52), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.39, 1.83, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 98), 'mean_seq_len': (45, 237), 'total_seq_len': (362, 1448)}, 'workloads': 2, 'speedup': (4.54, 5.01, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, 617), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (11, 45), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (2232, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (19714, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -333,118 +330,109 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill
+    # region 1: 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+    # region 3: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 5 workloads, 1.05x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    # region 4: 5 workloads, 1.05x (1.04x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 40 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 11:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    # region 5: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 40 and mean_seq_len > 5 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill
+    # region 7: 1 workloads, 5.10x (5.10x .. 5.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1704 and num_seqs <= 5 and 17 < max_seq_len <= 32:
         return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 9 and 32 < max_seq_len <= 1021:
+    # region 8: 28 workloads, 2.58x (1.19x .. 5.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 32:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1704 and num_seqs <= 9 and max_seq_len > 1021:
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 32:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 17 < max_seq_len <= 32:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    # region 11: 3 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and 17 < max_seq_len <= 741:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 741:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, 8.21x (7.84x .. 8.60x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and max_seq_len <= 4:
+    # region 13: 1 workloads, 8.60x (8.60x .. 8.60x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 15: 1 workloads, 7.67x (7.67x .. 7.67x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 4 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 14: 3 workloads, 7.62x (7.36x .. 7.84x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 2 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 5 and 13 < max_seq_len <= 17:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and 11 < max_seq_len <= 17:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 1 < num_seqs <= 5 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 1 < num_seqs <= 5 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 19: 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    # region 17: 10 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
     if 9 < num_seqs <= 40 and mean_seq_len <= 90 and 17 < max_seq_len <= 1211:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill
+    # region 19: 5 workloads, 1.50x (1.36x .. 1.68x) over vllm_flashinfer_prefill
     if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 40 and mean_seq_len <= 2 and max_seq_len > 23:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
+    # region 21: 3 workloads, 1.35x (1.27x .. 1.44x) over vllm_flashinfer_prefill
     if num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 22 and 2 < num_seqs <= 5 and 4 < max_seq_len <= 17:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 3 workloads, 1.28x (1.28x .. 1.29x) over vllm_flashinfer_prefill
+    # region 22: 3 workloads, 1.28x (1.28x .. 1.29x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 5 < num_seqs <= 24 and mean_seq_len > 5 and max_seq_len <= 17:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 51 and 5 < num_seqs <= 40 and mean_seq_len <= 5 and max_seq_len <= 17:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 27: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    # region 24: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 24 < num_seqs <= 40 and mean_seq_len > 5 and max_seq_len <= 17:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 362 and num_seqs > 40 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 15 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 40 and mean_seq_len > 5:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
+    # region 28: 5 workloads, 2.54x (1.72x .. 4.35x) over vllm_flashinfer_prefill
     if total_seq_len > 1704 and num_seqs <= 9 and 17 < max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 2304:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
+    # region 32: 2 workloads, 1.43x (1.41x .. 1.45x) over vllm_flashinfer_prefill's guarded call
     if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
     if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 10278 and 9 < num_seqs <= 40 and mean_seq_len > 90 and max_seq_len > 17:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -453,124 +441,121 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 11.07x (7.59x .. 17.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 12 and mean_seq_len <= 45 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 3.80x (1.91x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 45 and 5 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 4.61x (4.61x .. 4.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 12 < num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill
+    # region 1: 7 workloads, 8.28x (2.25x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and mean_seq_len <= 45 and max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 1 workloads, 4.10x (4.10x .. 4.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 75:
+    # region 4: 2 workloads, 4.36x (4.10x .. 4.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 98:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
+    # region 5: 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242:
         return 'triton_prefill_fused.c16v32'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill
+    # region 7: 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
+    # region 8: 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 12: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call
+    # region 10: 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
     if total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
+    # region 13: 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
     if total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill
+    # region 14: 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill
     if num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 18: 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
+    # region 15: 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
     if num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill
+    # region 16: 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill
     if num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 20: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+    # region 17: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
     if num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill
+    # region 18: 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill
     if num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
+    # region 20: 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
     if num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222:
         return 'triton_prefill_fused.c16v64'
-    # region 24: 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 75 < max_seq_len <= 132:
+    # region 21: 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill
+    if 93 < total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 2 workloads, 2.29x (1.91x .. 2.74x) over vllm_flashinfer_prefill
+    if 93 < total_seq_len <= 181 and mean_seq_len <= 45 and 6 < max_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 23: 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
+    # region 24: 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill
+    # region 25: 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 75:
+    # region 26: 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 98:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132:
         return 'triton_prefill_fused.c16v64'
-    # region 30: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
+    # region 29: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 181:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and 181 < max_seq_len <= 617:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    # region 34: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 11 < mean_seq_len <= 45 and 29 < max_seq_len <= 64:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2232 and 45 < mean_seq_len <= 237:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -578,21 +563,21 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 33
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 2304:  # region 30
         return True
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 35
+    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 32
         return True
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 38
+    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 5537:  # region 35
         return True
-    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 41
+    if total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663:  # region 38
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:  # region 13
+    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:  # region 10
         return True
-    if total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64:  # region 35
+    if total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64:  # region 34
         return True
     return False

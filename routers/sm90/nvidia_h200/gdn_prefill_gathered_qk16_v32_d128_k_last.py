@@ -33,23 +33,23 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 14.46% mean, 323.06% max;
-#             1.024x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.37% mean, 148.92% max;
-#             1.213x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.57% mean, 323.06% max;
+#             1.032x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.43% mean, 148.92% max;
+#             1.218x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
-#   2. total_seq_len <= 106 and num_seqs <= 3: triton_prefill_fused.c16v32, 6 workloads, 4.61x (3.04x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   4. 91 < total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 52 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. 106 < total_seq_len <= 1642 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.11x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 1642: vllm_flashinfer_prefill (baseline), 47 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+#   3. num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   4. 60 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+#   5. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 96 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 226 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 878 and num_seqs <= 3 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v32, 7 workloads, 3.92x (1.60x .. 5.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 878 and num_seqs > 3 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v64, 11 workloads, 1.63x (1.17x .. 2.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   4. total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 181 and 53 < mean_seq_len <= 291: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.56x (4.05x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 226 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   5. 181 < total_seq_len <= 878 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v64, 16 workloads, 2.07x (1.17x .. 5.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
 #   6. 226 < total_seq_len <= 362 and mean_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
 #   7. 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
 #   8. 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53: triton_prefill_fused.c16v64, 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
@@ -60,20 +60,20 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (None, 91)}, 'workloads': 8, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ()},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (3.04, 4.61, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (None, 1642)}, 'workloads': 7, 'speedup': (1.26, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (91, 1642)}, 'workloads': 52, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (106, 1642)}, 'workloads': 12, 'speedup': (1.05, 2.11, 3.46), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (1642, None)}, 'workloads': 47, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (None, 91)}, 'workloads': 8, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None)}, 'workloads': 7, 'speedup': (1.26, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (60, 1980)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 96, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 226)}, 'workloads': 23, 'speedup': (1.55, 3.16, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (53, 291), 'num_seqs': (None, 3), 'total_seq_len': (None, 878)}, 'workloads': 7, 'speedup': (1.6, 3.92, 5.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (53, 291), 'num_seqs': (3, None), 'total_seq_len': (None, 878)}, 'workloads': 11, 'speedup': (1.17, 1.63, 2.22), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5404)}, 'workloads': 8, 'speedup': (1.49, 2.12, 3.83), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (2, None), 'total_seq_len': (None, 5404)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (4.05, 5.56, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 226)}, 'workloads': 23, 'speedup': (1.55, 3.16, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5404)}, 'workloads': 8, 'speedup': (1.49, 2.12, 3.83), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (2, None), 'total_seq_len': (None, 5404)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (181, 878)}, 'workloads': 16, 'speedup': (1.17, 2.07, 5.66), 'fallbacks': ('triton_prefill_fused.c16v32',)},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (226, 362)}, 'workloads': 6, 'speedup': (1.33, 1.79, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (None, 34), 'total_seq_len': (362, 1020)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (34, None), 'total_seq_len': (362, 1020)}, 'workloads': 4, 'speedup': (1.12, 1.22, 1.38), 'fallbacks': (), 'hand_back': True},
@@ -89,45 +89,45 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 60 and num_seqs <= 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
     if total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 2: 6 workloads, 4.61x (3.04x .. 6.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len <= 3:
+    if num_seqs > 3 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 52 workloads, the baseline; its stand-ins where it cannot run here
-    if 91 < total_seq_len <= 1642 and num_seqs > 3 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 12 workloads, 2.11x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 1642 and num_seqs <= 3:
+    # region 4: 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+    if 60 < total_seq_len <= 1980 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 47 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1642:
+    # region 5: 96 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1980 and num_seqs <= 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill
+    # region 1: 2 workloads, 5.56x (4.05x .. 7.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 53 < mean_seq_len <= 291:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill
     if total_seq_len <= 226 and mean_seq_len <= 53:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 7 workloads, 3.92x (1.60x .. 5.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 878 and num_seqs <= 3 and 53 < mean_seq_len <= 291:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 11 workloads, 1.63x (1.17x .. 2.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 878 and num_seqs > 3 and 53 < mean_seq_len <= 291:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    # region 3: 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 16 workloads, 2.07x (1.17x .. 5.66x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 878 and 53 < mean_seq_len <= 291:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
     # region 6: 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill
     if 226 < total_seq_len <= 362 and mean_seq_len <= 53:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -164,14 +164,14 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.68% mean, 41.54% max;
-#             1.099x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.36% mean, 110.60% max;
-#             1.327x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.92% mean, 57.55% max;
+#             1.098x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.23% mean, 110.60% max;
+#             1.328x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len > 5: triton_prefill_fused.c16v32, 2 workloads, 5.55x (4.83x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
 #   6. total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
@@ -186,33 +186,33 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   15. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
 #   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   17. num_seqs > 8 and mean_seq_len > 7: vllm_flashinfer_prefill (baseline), 56 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   18. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   19. 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len <= 26: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   20. 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len > 26: triton_prefill_fused.c16v32, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   18. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   19. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   21. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-#   22. 45 < total_seq_len <= 2314 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.53x .. 3.36x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len <= 2857: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.18x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len > 2857: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   25. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   27. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   28. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   29. total_seq_len > 2314 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   22. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   25. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   26. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   27. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   28. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   29. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 28 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.26x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 58 and 5 < num_seqs <= 90 and 2 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and num_seqs <= 5 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.95x (6.95x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and num_seqs <= 11 and 64 < max_seq_len <= 449: triton_prefill_fused.c16v64, 3 workloads, 3.10x (1.80x .. 4.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 181 and num_seqs > 11 and 64 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 878 and max_seq_len > 449: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
-#   9. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
-#   10. num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   11. 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   13. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   14. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   4. total_seq_len <= 90 and num_seqs <= 1 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and 1 < num_seqs <= 5 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 2 workloads, 2.59x (1.80x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   7. total_seq_len <= 878 and max_seq_len > 449: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
+#   8. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
+#   9. num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   10. 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   12. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   14. 90 < total_seq_len <= 181 and num_seqs <= 1 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v32, 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
 #   15. 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   16. 181 < total_seq_len <= 878 and mean_seq_len > 2 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
 #   17. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
@@ -235,9 +235,9 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   34. total_seq_len > 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 3), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 28)}, 'workloads': 2, 'speedup': (4.83, 5.55, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
@@ -252,35 +252,35 @@ REGIONS_HINTED = (
     {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
     {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 56, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 7, 'speedup': (1.39, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (None, 3), 'total_seq_len': (28, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (26, None), 'num_seqs': (None, 3), 'total_seq_len': (28, 45)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 3, 'speedup': (4.83, 5.32, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 7, 'speedup': (1.39, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 5, 'speedup': (1.12, 1.38, 1.6), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (45, 2314)}, 'workloads': 5, 'speedup': (1.53, 2.37, 3.36), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2857), 'num_seqs': (1, 3), 'total_seq_len': (45, None)}, 'workloads': 9, 'speedup': (1.05, 2.18, 3.46), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2857, None), 'num_seqs': (1, 3), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2314, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (None, 28)}, 'workloads': 3, 'speedup': (6.72, 8.26, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 63), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.17, 4.17, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (6.95, 6.95, 6.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 449), 'num_seqs': (None, 11), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.8, 3.1, 4.45), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, 449), 'num_seqs': (11, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.92, 1.94, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (449, None), 'total_seq_len': (None, 878)}, 'workloads': 4, 'speedup': (1.08, 1.43, 2.83), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 8, 'speedup': (1.29, 1.59, 1.91), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (28, 58)}, 'workloads': 1, 'speedup': (9.63, 9.63, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 2, 'speedup': (2.26, 2.5, 2.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (2, None), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 15, 'speedup': (1.89, 2.62, 3.61), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (None, 1), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (7.63, 7.63, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (1, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.8, 2.59, 3.72), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.92, 1.94, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (449, None), 'total_seq_len': (None, 878)}, 'workloads': 4, 'speedup': (1.08, 1.43, 2.83), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 8, 'speedup': (1.29, 1.59, 1.91), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (28, 58)}, 'workloads': 1, 'speedup': (9.63, 9.63, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 2, 'speedup': (2.26, 2.5, 2.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (2, None), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 15, 'speedup': (1.89, 2.62, 3.61), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (None, 1), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (4.6, 4.6, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 878)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (2, None), 'total_seq_len': (181, 878)}, 'workloads': 21, 'speedup': (1.19, 1.94, 5.66), 'fallbacks': ()},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.64, 1.66, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
@@ -309,15 +309,15 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    # region 1: 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2 and num_seqs <= 1:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11 and 1 < num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 2 workloads, 5.55x (4.83x .. 6.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -360,41 +360,41 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 17: 56 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 8 and mean_seq_len > 7:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill
+    # region 18: 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill
+    if 2 < total_seq_len <= 45 and num_seqs <= 1:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < total_seq_len <= 45 and 1 < num_seqs <= 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len <= 26:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 45 and num_seqs <= 3 and max_seq_len > 26:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 21: 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 5 workloads, 2.37x (1.53x .. 3.36x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 2314 and num_seqs <= 1:
+    # region 22: 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 2314 and num_seqs <= 3:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 9 workloads, 2.18x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len <= 2857:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 45 and 1 < num_seqs <= 3 and max_seq_len > 2857:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    # region 23: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2314 and num_seqs <= 1:
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 3821 < total_seq_len <= 5792 and num_seqs <= 3:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -411,39 +411,39 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 3: 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill
     if total_seq_len <= 58 and 5 < num_seqs <= 90 and 2 < max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 6.95x (6.95x .. 6.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and 63 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 3 workloads, 3.10x (1.80x .. 4.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 11 and 64 < max_seq_len <= 449:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 11 and 64 < max_seq_len <= 449:
+    # region 4: 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 1 and 63 < max_seq_len <= 449:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 2 workloads, 2.59x (1.80x .. 3.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 1 < num_seqs <= 5 and 63 < max_seq_len <= 449:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 449:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
+    # region 7: 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 878 and max_seq_len > 449:
         return 'triton_prefill_fused.c16v32'
-    # region 9: 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
+    # region 8: 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
     if num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill
+    # region 10: 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill
     if 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
     if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill
+    # region 13: 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 1 and 63 < max_seq_len <= 449:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
     # region 15: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'

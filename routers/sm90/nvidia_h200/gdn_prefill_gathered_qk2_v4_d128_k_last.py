@@ -33,22 +33,25 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 26.54% mean, 332.35% max;
-#             1.208x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 32.15% mean, 211.90% max;
-#             1.729x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 21.45% mean, 332.35% max;
+#             1.235x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 30.57% mean, 211.90% max;
+#             1.744x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs <= 21 and 7 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 803 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.12x (1.45x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   4. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
-#   5. 21 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-#   6. 21 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len > 90 and num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 22 workloads, 3.57x (1.53x .. 5.83x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   8. 803 < total_seq_len <= 2464 and 90 < mean_seq_len <= 245: triton_prefill_chunked.v64, 8 workloads, 1.88x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-#   9. 803 < total_seq_len <= 2464 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len > 2464 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.58x (5.29x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 245: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.73x (1.45x .. 2.05x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   3. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 245: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.69x (1.06x .. 2.58x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   5. total_seq_len <= 3436 and num_seqs <= 7 and 90 < mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.30x (1.57x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   6. total_seq_len <= 3436 and num_seqs > 7 and 90 < mean_seq_len <= 201: triton_prefill_chunked.v64, 7 workloads, 1.88x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+#   7. 21 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   8. 21 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. 21 < total_seq_len <= 126 and num_seqs <= 21 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 9 workloads, 4.60x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   10. total_seq_len > 126 and num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 22 workloads, 3.57x (1.53x .. 5.83x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   11. total_seq_len > 724 and num_seqs <= 1 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   12. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   14. total_seq_len > 3436 and 90 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 55 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 1448 and num_seqs > 225: triton_prefill_fused.c16v64, 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
@@ -64,17 +67,20 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (3.23, 6.71, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 90), 'num_seqs': (None, 21), 'total_seq_len': (None, 90)}, 'workloads': 7, 'speedup': (2.85, 4.24, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (None, 803)}, 'workloads': 11, 'speedup': (1.45, 2.12, 3.01), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (21, 169)}, 'workloads': 19, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (21, 169)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (90, None)}, 'workloads': 22, 'speedup': (1.53, 3.57, 5.83), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, 245), 'total_seq_len': (803, 2464)}, 'workloads': 8, 'speedup': (1.22, 1.88, 2.81), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'total_seq_len': (803, 2464)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (2464, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (None, 21)}, 'workloads': 4, 'speedup': (5.29, 7.58, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.45, 1.73, 2.05), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.04, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (1, None), 'total_seq_len': (None, 1874)}, 'workloads': 8, 'speedup': (1.06, 1.69, 2.58), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 245), 'num_seqs': (None, 7), 'total_seq_len': (None, 3436)}, 'workloads': 9, 'speedup': (1.57, 2.3, 3.01), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, 201), 'num_seqs': (7, None), 'total_seq_len': (None, 3436)}, 'workloads': 7, 'speedup': (1.22, 1.88, 2.81), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (21, 169)}, 'workloads': 19, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (21, 169)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (21, 126)}, 'workloads': 9, 'speedup': (2.85, 4.6, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (126, None)}, 'workloads': 22, 'speedup': (1.53, 3.57, 5.83), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, 245), 'total_seq_len': (3436, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
@@ -97,39 +103,48 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 6.71x (3.23x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 21 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 7 workloads, 4.24x (2.85x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 21 and 7 < mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 11 workloads, 2.12x (1.45x .. 3.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and mean_seq_len > 90:
+    # region 1: 4 workloads, 7.58x (5.29x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 1.73x (1.45x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 245:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
+    # region 3: 7 workloads, 1.05x (1.04x .. 1.05x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+    # region 4: 8 workloads, 1.69x (1.06x .. 2.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 245:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 9 workloads, 2.30x (1.57x .. 3.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3436 and num_seqs <= 7 and 90 < mean_seq_len <= 245:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 7 workloads, 1.88x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3436 and num_seqs > 7 and 90 < mean_seq_len <= 201:
+        return 'triton_prefill_chunked.v64'
+    # region 7: 19 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
     if 21 < num_seqs <= 169 and mean_seq_len <= 30:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
     if 21 < num_seqs <= 169 and 30 < mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 22 workloads, 3.57x (1.53x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 21 and mean_seq_len <= 90:
+    # region 9: 9 workloads, 4.60x (2.85x .. 7.36x) over vllm_flashinfer_prefill
+    if 21 < total_seq_len <= 126 and num_seqs <= 21 and mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 22 workloads, 3.57x (1.53x .. 5.83x) over vllm_flashinfer_prefill
+    if total_seq_len > 126 and num_seqs <= 21 and mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 8 workloads, 1.88x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 2464 and 90 < mean_seq_len <= 245:
-        return 'triton_prefill_chunked.v64'
-    # region 9: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if 803 < total_seq_len <= 2464 and mean_seq_len > 245:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs <= 1 and mean_seq_len > 245:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 23 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2464 and mean_seq_len > 90:
+    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 245:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3436 and 90 < mean_seq_len <= 245:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -177,8 +192,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.51% mean, 69.70% max;
-#             1.349x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.78% mean, 69.70% max;
+#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # held out    eager: 5-fold over workloads: regret vs the best variant 6.00% mean, 46.13% max;
 #             2.097x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
@@ -207,35 +222,34 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   23. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   24. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
 #   25. 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   26. 72 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   27. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   28. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   29. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   30. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-#   31. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
-#   34. 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   36. total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 44 workloads, 2.53x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   38. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   39. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   41. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   43. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   44. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   47. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   48. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   51. total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   52. total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   53. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   54. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 862: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. 72 < total_seq_len <= 1299 and num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   27. 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len <= 724 and max_seq_len > 35: vllm_flashinfer_prefill.cp_off, 37 workloads, 2.44x (1.06x .. 5.83x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   28. 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len > 724 and max_seq_len > 35: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   29. 72 < total_seq_len <= 1299 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   30. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   31. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   32. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   33. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   34. 1299 < total_seq_len <= 5792 and num_seqs <= 11 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. 1299 < total_seq_len <= 5792 and num_seqs <= 22 and max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 9 workloads, 2.59x (1.08x .. 5.21x) over vllm_flashinfer_prefill
+#   36. 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   41. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   42. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   43. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1888: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   44. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and 1888 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   45. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. total_seq_len > 5792 and num_seqs <= 22 and max_seq_len <= 1888: vllm_flashinfer_prefill.cp_off, 3 workloads, 2.25x (1.54x .. 3.61x) over vllm_flashinfer_prefill
+#   47. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   48. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 3029: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   49. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 0 workloads
+#   50. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   51. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 862: vllm_flashinfer_prefill (baseline), 0 workloads
+#   52. total_seq_len > 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   53. total_seq_len > 20107 and num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.75x (9.75x .. 9.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.80x (9.80x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -305,35 +319,34 @@ REGIONS_HINTED = (
     {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (72, 724)}, 'workloads': 4, 'speedup': (1.45, 2.02, 2.74), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 7, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (1, 11), 'total_seq_len': (72, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'mean_seq_len': (None, 181), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (72, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (1, 11), 'total_seq_len': (72, None)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, 1444), 'num_seqs': (1, 22), 'total_seq_len': (72, None)}, 'workloads': 44, 'speedup': (1.06, 2.53, 5.83), 'fallbacks': ()},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (5.86, 6.52, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (1, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3554), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3554, None), 'num_seqs': (1, 22), 'total_seq_len': (9553, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (862, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (None, 11), 'total_seq_len': (72, 1299)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 22), 'total_seq_len': (72, 1299)}, 'workloads': 37, 'speedup': (1.06, 2.44, 5.83), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 22), 'total_seq_len': (72, 1299)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, 1299)}, 'workloads': 4, 'speedup': (5.86, 6.52, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 7, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 11), 'total_seq_len': (1299, 5792)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1444), 'num_seqs': (None, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 9, 'speedup': (1.08, 2.59, 5.21), 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (11, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1888, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1888, 2142), 'num_seqs': (5, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1888), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.54, 2.25, 3.61), 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1888, 3029), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (862, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1888, 5267), 'num_seqs': (None, 22), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (None, 22), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -458,87 +471,84 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 26: 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 724 and num_seqs <= 1:
+    # region 26: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1299 and num_seqs <= 11 and max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 27: 37 workloads, 2.44x (1.06x .. 5.83x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len <= 724 and max_seq_len > 35:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len > 724 and max_seq_len > 35:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1299 and 11 < num_seqs <= 22 and max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898:
         return 'triton_prefill_chunked.v64'
-    # region 29: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 7 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+    # region 33: 7 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 1299 < total_seq_len <= 5792 and num_seqs <= 11 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:
+    # region 35: 9 workloads, 2.59x (1.08x .. 5.21x) over vllm_flashinfer_prefill
+    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and max_seq_len <= 1444:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 1 < num_seqs <= 11 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 36: 44 workloads, 2.53x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 1 < num_seqs <= 22 and 35 < max_seq_len <= 1444:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 4 workloads, 6.52x (5.86x .. 7.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 11 < num_seqs <= 22 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 38: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
+    # region 37: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
     if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    # region 39: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 41: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1888:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and 1888 < max_seq_len <= 2142:
+        return 'vllm_flashinfer_prefill.cp_off'
     # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 1 < num_seqs <= 5 and max_seq_len > 1444:
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
+    # region 46: 3 workloads, 2.25x (1.54x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 22 and max_seq_len <= 1888:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3029:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:
+    # region 48: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 3029:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and max_seq_len > 3554:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862:
         return 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 5267:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 20107 and num_seqs <= 22 and max_seq_len > 5267:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -675,16 +685,14 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:  # region 17
         return True
-    if 72 < total_seq_len <= 5792 and 1 < num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:  # region 32
+    if 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and max_seq_len > 1444:  # region 36
         return True
-    if 72 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:  # region 34
+    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 37
         return True
-    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 39
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 22 and 1888 < max_seq_len <= 2142:  # region 44
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 46
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 3029:  # region 48
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3029:  # region 48
-        return True
-    if total_seq_len > 9553 and 1 < num_seqs <= 22 and 1444 < max_seq_len <= 3554:  # region 51
+    if total_seq_len > 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 5267:  # region 52
         return True
     return False

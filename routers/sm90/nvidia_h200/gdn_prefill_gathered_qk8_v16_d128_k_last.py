@@ -33,61 +33,65 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.92% mean, 223.11% max;
-#             1.084x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.62% mean, 221.81% max;
-#             1.372x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.50% mean, 223.11% max;
+#             1.085x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.46% mean, 221.81% max;
+#             1.371x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 66 and num_seqs <= 4: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 66 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.42x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   5. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   7. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 59 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 5.45x (4.73x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 71 and 1 < num_seqs <= 4: triton_prefill_fused.c16v32, 6 workloads, 5.06x (3.88x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. 59 < total_seq_len <= 1416 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.88x (1.13x .. 3.21x) over vllm_flashinfer_prefill
+#   6. 71 < total_seq_len <= 2438 and 1 < num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.66x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   9. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 280 and num_seqs > 4 and 2 < mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   4. total_seq_len <= 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 9 workloads, 4.35x (3.06x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   6. num_seqs <= 2 and mean_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 4 workloads, 8.54x (5.11x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   7. 2 < num_seqs <= 4 and mean_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.71x (3.43x .. 7.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   8. 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3: triton_prefill_fused.c16v32, 6 workloads, 1.40x (1.16x .. 2.02x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   9. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v64, 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   11. total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462: triton_prefill_fused.c16v64, 7 workloads, 3.00x (1.63x .. 4.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   1. total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 11 workloads, 6.56x (3.43x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 181 and num_seqs <= 4 and 41 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 2 workloads, 7.20x (5.11x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 280 and num_seqs > 4 and 2 < mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   6. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   7. total_seq_len > 181 and num_seqs <= 4 and mean_seq_len <= 186: triton_prefill_fused.c16v64, 9 workloads, 3.48x (2.52x .. 6.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 181 and num_seqs <= 4 and 186 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 5 workloads, 3.19x (1.93x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3: triton_prefill_fused.c16v32, 6 workloads, 1.40x (1.16x .. 2.02x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   10. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v64, 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   12. total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   13. total_seq_len > 724 and 14 < num_seqs <= 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   14. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   15. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 66)}, 'workloads': 9, 'speedup': (3.09, 4.87, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (66, 2438)}, 'workloads': 28, 'speedup': (1.09, 2.42, 4.97), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 59)}, 'workloads': 2, 'speedup': (4.73, 5.45, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 4), 'total_seq_len': (None, 71)}, 'workloads': 6, 'speedup': (3.88, 5.06, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (59, 1416)}, 'workloads': 7, 'speedup': (1.13, 1.88, 3.21), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (1, 4), 'total_seq_len': (71, 2438)}, 'workloads': 22, 'speedup': (1.09, 2.66, 4.97), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 8, 'speedup': (2.01, 2.72, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.1, 2.11, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.55, 1.85, 2.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 281)}, 'workloads': 9, 'speedup': (3.06, 4.35, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 11, 'speedup': (1.32, 2.06, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (5.11, 8.54, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (2, 4)}, 'workloads': 7, 'speedup': (3.43, 5.71, 7.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, 34), 'total_seq_len': (280, 724)}, 'workloads': 6, 'speedup': (1.16, 1.4, 2.02), 'fallbacks': (), 'hand_back': True},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 4, 'speedup': (1.23, 1.73, 2.32), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.27, 1.82, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (34, None), 'total_seq_len': (280, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (45, 462), 'num_seqs': (None, 4), 'total_seq_len': (281, None)}, 'workloads': 7, 'speedup': (1.63, 3.0, 4.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 41), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (3.43, 6.56, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (41, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (5.11, 7.2, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 8, 'speedup': (2.01, 2.72, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.1, 2.11, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.55, 1.85, 2.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 11, 'speedup': (1.32, 2.06, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 186), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 9, 'speedup': (2.52, 3.48, 6.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (186, 462), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.93, 3.19, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, 34), 'total_seq_len': (280, 724)}, 'workloads': 6, 'speedup': (1.16, 1.4, 2.02), 'fallbacks': (), 'hand_back': True},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 4, 'speedup': (1.23, 1.73, 2.32), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.27, 1.82, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (34, None), 'total_seq_len': (280, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, 34), 'total_seq_len': (724, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
@@ -99,28 +103,34 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 66 and num_seqs <= 4:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
+    # region 1: 2 workloads, 5.45x (4.73x .. 6.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 59 and num_seqs <= 1:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 6 workloads, 5.06x (3.88x .. 6.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 71 and 1 < num_seqs <= 4:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill
+    # region 4: 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 28 workloads, 2.42x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if 66 < total_seq_len <= 2438 and num_seqs <= 4:
+    # region 5: 7 workloads, 1.88x (1.13x .. 3.21x) over vllm_flashinfer_prefill
+    if 59 < total_seq_len <= 1416 and num_seqs <= 1:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    # region 6: 22 workloads, 2.66x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+    if 71 < total_seq_len <= 2438 and 1 < num_seqs <= 4:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 16 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 16 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 46 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 46 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 238 and num_seqs > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 4:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -129,42 +139,42 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill
+    # region 1: 11 workloads, 6.56x (3.43x .. 11.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 7.20x (5.11x .. 10.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 4 and 41 < mean_seq_len <= 462:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill
     if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill
+    # region 4: 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill
     if total_seq_len <= 280 and num_seqs > 4 and 2 < mean_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill
+    # region 5: 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill
     if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 9 workloads, 4.35x (3.06x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill
+    # region 6: 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 4 workloads, 8.54x (5.11x .. 11.36x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 7 workloads, 5.71x (3.43x .. 7.66x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 6 workloads, 1.40x (1.16x .. 2.02x) over vllm_flashinfer_prefill's guarded call
+    # region 7: 9 workloads, 3.48x (2.52x .. 6.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 4 and mean_seq_len <= 186:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 5 workloads, 3.19x (1.93x .. 4.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 4 and 186 < mean_seq_len <= 462:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 6 workloads, 1.40x (1.16x .. 2.02x) over vllm_flashinfer_prefill's guarded call
     if 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:
         return 'triton_prefill_fused.c16v32'
-    # region 9: 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
+    # region 10: 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
     if 280 < total_seq_len <= 771 and 4 < num_seqs <= 14:
         return 'triton_prefill_fused.c16v64'
-    # region 10: 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill
+    # region 11: 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill
     if total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 26 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 26 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 7 workloads, 3.00x (1.63x .. 4.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 281 and num_seqs <= 4 and 45 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 13: 19 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
@@ -179,7 +189,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:  # region 8
+    if 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:  # region 9
         return True
     return False
 
@@ -198,180 +208,186 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   4. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   13. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
-#   14. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   16. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
-#   17. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   18. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-#   19. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 0 workloads
-#   20. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
-#   21. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   22. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   24. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   25. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   26. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   28. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   32. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   34. total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   36. total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   38. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   41. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   42. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   43. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
-#   44. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   45. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   46. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   47. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   15. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   17. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   18. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
+#   19. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   20. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+#   21. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 0 workloads
+#   22. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+#   23. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   24. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   27. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   28. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   30. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   34. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   36. total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   38. total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   40. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   43. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   44. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   47. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   48. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   49. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 2 workloads, 10.95x (10.55x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.27x (4.17x .. 7.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 5 and 63 < max_seq_len <= 104: triton_prefill_fused.c16v32, 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.97x (2.32x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and 6 < max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.75x (2.24x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.44x (3.44x .. 3.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and 21 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.31x (2.31x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 181 and num_seqs <= 4 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v32, 2 workloads, 4.45x (3.87x .. 5.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 326 and num_seqs <= 4 and 150 < max_seq_len <= 511: triton_prefill_fused.c16v32, 5 workloads, 3.51x (3.06x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 362 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244: triton_prefill_fused.c16v32, 2 workloads, 1.58x (1.55x .. 1.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   11. total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 244: triton_prefill_fused.c16v32, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len > 45 and max_seq_len > 244: triton_prefill_fused.c16v64, 2 workloads, 1.69x (1.23x .. 2.32x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 771 and num_seqs > 22 and mean_seq_len <= 2 and max_seq_len > 104: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   14. total_seq_len <= 771 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 104: triton_prefill_fused.c16v64, 3 workloads, 1.28x (1.17x .. 1.34x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 1905 and num_seqs <= 4 and 511 < max_seq_len <= 686: triton_prefill_fused.c16v32, 3 workloads, 2.44x (2.33x .. 2.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   16. total_seq_len <= 1905 and num_seqs <= 4 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.01x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   17. 168 < total_seq_len <= 362 and num_seqs <= 22 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.26x (2.20x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   18. 168 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 104: triton_prefill_fused.c16v64, 1 workloads, 6.11x (6.11x .. 6.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   19. 168 < total_seq_len <= 724 and num_seqs > 22 and max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.92x (1.39x .. 2.68x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   20. total_seq_len > 181 and num_seqs <= 4 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v64, 2 workloads, 3.83x (3.58x .. 4.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   21. total_seq_len > 326 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_fused.c16v64, 3 workloads, 3.86x (3.69x .. 4.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. total_seq_len > 326 and num_seqs <= 4 and 378 < max_seq_len <= 511: triton_prefill_fused.c16v32, 2 workloads, 2.51x (2.41x .. 2.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   23. 362 < total_seq_len <= 724 and num_seqs <= 22 and max_seq_len <= 104: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.70x .. 2.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   24. 362 < total_seq_len <= 771 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244: triton_prefill_fused.c16v64, 2 workloads, 1.61x (1.52x .. 1.71x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   25. 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   26. 724 < total_seq_len <= 2896 and mean_seq_len > 11 and max_seq_len <= 104: triton_prefill_fused.c16v64, 7 workloads, 1.38x (1.18x .. 1.55x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 724 and mean_seq_len <= 11 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.46x (1.27x .. 1.68x) over vllm_flashinfer_prefill
-#   28. 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 771 < total_seq_len <= 1233 and num_seqs > 11 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   30. total_seq_len > 771 and 4 < num_seqs <= 11 and 104 < max_seq_len <= 563: triton_prefill_fused.c16v64, 2 workloads, 1.34x (1.25x .. 1.44x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 771 and 4 < num_seqs <= 11 and 563 < max_seq_len <= 1020: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 771 and 4 < num_seqs <= 11 and 1020 < max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 771 and 4 < num_seqs <= 11 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   34. total_seq_len > 1233 and num_seqs > 11 and max_seq_len > 104: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   36. total_seq_len > 1905 and num_seqs <= 4 and 511 < max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.65x (1.18x .. 2.40x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 1905 and num_seqs <= 4 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   38. total_seq_len > 2896 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 104: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 104: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 45 and num_seqs <= 1 and max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 2 workloads, 9.57x (8.68x .. 10.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 168 and 1 < num_seqs <= 5 and max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.55x (4.17x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.97x (2.32x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and 6 < max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.75x (2.24x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.44x (3.44x .. 3.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and 21 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.31x (2.31x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. total_seq_len <= 326 and num_seqs <= 4 and 150 < max_seq_len <= 511: triton_prefill_fused.c16v32, 5 workloads, 3.51x (3.06x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   8. total_seq_len <= 362 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244: triton_prefill_fused.c16v32, 2 workloads, 1.58x (1.55x .. 1.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   9. total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 244: triton_prefill_fused.c16v32, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len > 45 and max_seq_len > 244: triton_prefill_fused.c16v64, 2 workloads, 1.69x (1.23x .. 2.32x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 771 and num_seqs > 22 and mean_seq_len <= 2 and max_seq_len > 104: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   12. total_seq_len <= 771 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 104: triton_prefill_fused.c16v64, 3 workloads, 1.28x (1.17x .. 1.34x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 1905 and num_seqs <= 4 and 511 < max_seq_len <= 686: triton_prefill_fused.c16v32, 3 workloads, 2.44x (2.33x .. 2.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. total_seq_len <= 1905 and num_seqs <= 4 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.01x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   15. num_seqs <= 1 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 5.11x (5.11x .. 5.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   16. 1 < num_seqs <= 4 and mean_seq_len <= 90 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 3.87x (3.87x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   17. 1 < num_seqs <= 4 and mean_seq_len > 90 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v64, 2 workloads, 3.83x (3.58x .. 4.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   18. 45 < total_seq_len <= 168 and num_seqs <= 1 and max_seq_len <= 104: triton_prefill_fused.c16v32, 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   19. 168 < total_seq_len <= 362 and num_seqs <= 22 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.26x (2.20x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   20. 168 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 104: triton_prefill_fused.c16v64, 1 workloads, 6.11x (6.11x .. 6.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   21. 168 < total_seq_len <= 724 and num_seqs > 22 and max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.92x (1.39x .. 2.68x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   22. total_seq_len > 326 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_fused.c16v64, 3 workloads, 3.86x (3.69x .. 4.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   23. total_seq_len > 326 and num_seqs <= 4 and 378 < max_seq_len <= 511: triton_prefill_fused.c16v32, 2 workloads, 2.51x (2.41x .. 2.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   24. 362 < total_seq_len <= 724 and num_seqs <= 22 and max_seq_len <= 104: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.70x .. 2.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   25. 362 < total_seq_len <= 771 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244: triton_prefill_fused.c16v64, 2 workloads, 1.61x (1.52x .. 1.71x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   26. 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   27. 724 < total_seq_len <= 2896 and mean_seq_len > 11 and max_seq_len <= 104: triton_prefill_fused.c16v64, 7 workloads, 1.38x (1.18x .. 1.55x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 724 and mean_seq_len <= 11 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.46x (1.27x .. 1.68x) over vllm_flashinfer_prefill
+#   29. 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. 771 < total_seq_len <= 1233 and num_seqs > 11 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   31. total_seq_len > 771 and 4 < num_seqs <= 11 and 104 < max_seq_len <= 563: triton_prefill_fused.c16v64, 2 workloads, 1.34x (1.25x .. 1.44x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 771 and 4 < num_seqs <= 11 and 563 < max_seq_len <= 1020: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 771 and 4 < num_seqs <= 11 and 1020 < max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 771 and 4 < num_seqs <= 11 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   35. total_seq_len > 1233 and num_seqs > 11 and max_seq_len > 104: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
+#   37. total_seq_len > 1905 and num_seqs <= 4 and 511 < max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.65x (1.18x .. 2.40x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 1905 and num_seqs <= 4 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   39. total_seq_len > 2896 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 104: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   40. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 104: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.42, 1.53, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 54), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 2, 'speedup': (1.6, 1.62, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 32, 'speedup': (1.09, 2.6, 4.97), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.47, 1.57, 1.68), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 625), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (625, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.46), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.37, 1.4, 1.43), 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1010), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1010, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.1, 8.1, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (2, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.42, 1.53, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 54), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 2, 'speedup': (1.6, 1.62, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 32, 'speedup': (1.09, 2.6, 4.97), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.47, 1.57, 1.68), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 625), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (625, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.46), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 45, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.37, 1.4, 1.43), 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1010), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1010, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 168)}, 'workloads': 2, 'speedup': (10.55, 10.95, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 168)}, 'workloads': 8, 'speedup': (4.17, 6.27, 7.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, 104), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (10.15, 10.15, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (2.32, 2.97, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 104), 'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 4, 'speedup': (2.24, 2.75, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (3.44, 3.44, 3.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 104), 'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (2.31, 2.31, 2.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 150), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.87, 4.45, 5.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (150, 511), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 5, 'speedup': (3.06, 3.51, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 244), 'num_seqs': (4, 22), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.55, 1.58, 1.6), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (244, None), 'mean_seq_len': (None, 45), 'num_seqs': (4, 22), 'total_seq_len': (None, 771)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (244, None), 'mean_seq_len': (45, None), 'num_seqs': (4, 22), 'total_seq_len': (None, 771)}, 'workloads': 2, 'speedup': (1.23, 1.69, 2.32), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (None, 2), 'num_seqs': (22, None), 'total_seq_len': (None, 771)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (None, 771)}, 'workloads': 3, 'speedup': (1.17, 1.28, 1.34), 'fallbacks': ()},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 3, 'speedup': (2.33, 2.44, 2.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 5, 'speedup': (1.32, 2.01, 3.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 22), 'total_seq_len': (168, 362)}, 'workloads': 2, 'speedup': (2.2, 2.26, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 104), 'num_seqs': (None, 22), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (6.11, 6.11, 6.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (22, None), 'total_seq_len': (168, 724)}, 'workloads': 10, 'speedup': (1.39, 1.92, 2.68), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 150), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (3.58, 3.83, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 3, 'speedup': (3.69, 3.86, 4.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (378, 511), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.41, 2.51, 2.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 22), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.7, 1.87, 2.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 244), 'num_seqs': (4, 22), 'total_seq_len': (362, 771)}, 'workloads': 2, 'speedup': (1.52, 1.61, 1.71), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 104), 'mean_seq_len': (None, 11), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.18, 1.38, 1.55), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 11), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.46, 1.68), 'fallbacks': ()},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 362), 'num_seqs': (11, None), 'total_seq_len': (771, 1233)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (11, None), 'total_seq_len': (771, 1233)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 563), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 2, 'speedup': (1.25, 1.34, 1.44), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, 1020), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1020, 2383), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 2, 'speedup': (1.16, 1.19, 1.21), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, None), 'num_seqs': (11, None), 'total_seq_len': (1233, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 104), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8'), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 5820), 'num_seqs': (None, 4), 'total_seq_len': (1905, None)}, 'workloads': 7, 'speedup': (1.18, 1.65, 2.4), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'num_seqs': (None, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 1), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (8.68, 9.57, 10.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (1, 5), 'total_seq_len': (None, 168)}, 'workloads': 8, 'speedup': (4.17, 6.55, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (2.32, 2.97, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 104), 'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 4, 'speedup': (2.24, 2.75, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (3.44, 3.44, 3.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 104), 'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (2.31, 2.31, 2.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (150, 511), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 5, 'speedup': (3.06, 3.51, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 244), 'num_seqs': (4, 22), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.55, 1.58, 1.6), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (244, None), 'mean_seq_len': (None, 45), 'num_seqs': (4, 22), 'total_seq_len': (None, 771)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (244, None), 'mean_seq_len': (45, None), 'num_seqs': (4, 22), 'total_seq_len': (None, 771)}, 'workloads': 2, 'speedup': (1.23, 1.69, 2.32), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (None, 2), 'num_seqs': (22, None), 'total_seq_len': (None, 771)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (None, 771)}, 'workloads': 3, 'speedup': (1.17, 1.28, 1.34), 'fallbacks': ()},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 3, 'speedup': (2.33, 2.44, 2.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 5, 'speedup': (1.32, 2.01, 3.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 150), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (5.11, 5.11, 5.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 150), 'mean_seq_len': (None, 90), 'num_seqs': (1, 4)}, 'workloads': 1, 'speedup': (3.87, 3.87, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 150), 'mean_seq_len': (90, None), 'num_seqs': (1, 4)}, 'workloads': 2, 'speedup': (3.58, 3.83, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 1), 'total_seq_len': (45, 168)}, 'workloads': 1, 'speedup': (10.15, 10.15, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 22), 'total_seq_len': (168, 362)}, 'workloads': 2, 'speedup': (2.2, 2.26, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 104), 'num_seqs': (None, 22), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (6.11, 6.11, 6.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (22, None), 'total_seq_len': (168, 724)}, 'workloads': 10, 'speedup': (1.39, 1.92, 2.68), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 3, 'speedup': (3.69, 3.86, 4.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (378, 511), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.41, 2.51, 2.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 22), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.7, 1.87, 2.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 244), 'num_seqs': (4, 22), 'total_seq_len': (362, 771)}, 'workloads': 2, 'speedup': (1.52, 1.61, 1.71), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 104), 'mean_seq_len': (None, 11), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.18, 1.38, 1.55), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 11), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.46, 1.68), 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 362), 'num_seqs': (11, None), 'total_seq_len': (771, 1233)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (11, None), 'total_seq_len': (771, 1233)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 563), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 2, 'speedup': (1.25, 1.34, 1.44), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, 1020), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1020, 2383), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 2, 'speedup': (1.16, 1.19, 1.21), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, None), 'num_seqs': (11, None), 'total_seq_len': (1233, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 104), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8'), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 5820), 'num_seqs': (None, 4), 'total_seq_len': (1905, None)}, 'workloads': 7, 'speedup': (1.18, 1.65, 2.4), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'num_seqs': (None, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -393,126 +409,132 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+    # region 13: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill
+    # region 14: 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 16: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
+    # region 17: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
+    # region 18: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+    # region 20: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    # region 22: 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 23: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    # region 25: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
+    # region 27: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill
+    # region 28: 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    # region 29: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 28: 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+    # region 30: 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
+    # region 32: 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 3489:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 3489:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    # region 34: 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 36: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
+    # region 40: 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 41: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
+    # region 42: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 30 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 30 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
+    # region 45: 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -521,121 +543,124 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 10.95x (10.55x .. 11.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 8 workloads, 6.27x (4.17x .. 7.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len <= 63:
+    # region 1: 2 workloads, 9.57x (8.68x .. 10.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 1 and max_seq_len <= 104:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 8 workloads, 6.55x (4.17x .. 11.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and 1 < num_seqs <= 5 and max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 5 and 63 < max_seq_len <= 104:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 6 workloads, 2.97x (2.32x .. 3.64x) over vllm_flashinfer_prefill
+    # region 3: 6 workloads, 2.97x (2.32x .. 3.64x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 4 workloads, 2.75x (2.24x .. 3.46x) over vllm_flashinfer_prefill
+    # region 4: 4 workloads, 2.75x (2.24x .. 3.46x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and 6 < max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, 3.44x (3.44x .. 3.44x) over vllm_flashinfer_prefill
+    # region 5: 1 workloads, 3.44x (3.44x .. 3.44x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 1 workloads, 2.31x (2.31x .. 2.31x) over vllm_flashinfer_prefill
+    # region 6: 1 workloads, 2.31x (2.31x .. 2.31x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and 21 < max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 2 workloads, 4.45x (3.87x .. 5.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 4 and 104 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 5 workloads, 3.51x (3.06x .. 4.60x) over vllm_flashinfer_prefill
+    # region 7: 5 workloads, 3.51x (3.06x .. 4.60x) over vllm_flashinfer_prefill
     if total_seq_len <= 326 and num_seqs <= 4 and 150 < max_seq_len <= 511:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 2 workloads, 1.58x (1.55x .. 1.60x) over vllm_flashinfer_prefill
+    # region 8: 2 workloads, 1.58x (1.55x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    # region 9: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 244:
         return 'triton_prefill_fused.c16v32'
-    # region 12: 2 workloads, 1.69x (1.23x .. 2.32x) over vllm_flashinfer_prefill
+    # region 10: 2 workloads, 1.69x (1.23x .. 2.32x) over vllm_flashinfer_prefill
     if total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len > 45 and max_seq_len > 244:
         return 'triton_prefill_fused.c16v64'
-    # region 13: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
+    # region 11: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
     if total_seq_len <= 771 and num_seqs > 22 and mean_seq_len <= 2 and max_seq_len > 104:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 3 workloads, 1.28x (1.17x .. 1.34x) over vllm_flashinfer_prefill
+    # region 12: 3 workloads, 1.28x (1.17x .. 1.34x) over vllm_flashinfer_prefill
     if total_seq_len <= 771 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 104:
         return 'triton_prefill_fused.c16v64'
-    # region 15: 3 workloads, 2.44x (2.33x .. 2.55x) over vllm_flashinfer_prefill
+    # region 13: 3 workloads, 2.44x (2.33x .. 2.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 1905 and num_seqs <= 4 and 511 < max_seq_len <= 686:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 5 workloads, 2.01x (1.32x .. 3.81x) over vllm_flashinfer_prefill
+    # region 14: 5 workloads, 2.01x (1.32x .. 3.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 1905 and num_seqs <= 4 and max_seq_len > 686:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 2 workloads, 2.26x (2.20x .. 2.32x) over vllm_flashinfer_prefill
+    # region 15: 1 workloads, 5.11x (5.11x .. 5.11x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and 104 < max_seq_len <= 150:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 1 workloads, 3.87x (3.87x .. 3.87x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 4 and mean_seq_len <= 90 and 104 < max_seq_len <= 150:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 17: 2 workloads, 3.83x (3.58x .. 4.09x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 4 and mean_seq_len > 90 and 104 < max_seq_len <= 150:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 168 and num_seqs <= 1 and max_seq_len <= 104:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 2 workloads, 2.26x (2.20x .. 2.32x) over vllm_flashinfer_prefill
     if 168 < total_seq_len <= 362 and num_seqs <= 22 and max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 1 workloads, 6.11x (6.11x .. 6.11x) over vllm_flashinfer_prefill
+    # region 20: 1 workloads, 6.11x (6.11x .. 6.11x) over vllm_flashinfer_prefill
     if 168 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 104:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 10 workloads, 1.92x (1.39x .. 2.68x) over vllm_flashinfer_prefill
+    # region 21: 10 workloads, 1.92x (1.39x .. 2.68x) over vllm_flashinfer_prefill
     if 168 < total_seq_len <= 724 and num_seqs > 22 and max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 3.83x (3.58x .. 4.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 4 and 104 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 3 workloads, 3.86x (3.69x .. 4.11x) over vllm_flashinfer_prefill
+    # region 22: 3 workloads, 3.86x (3.69x .. 4.11x) over vllm_flashinfer_prefill
     if total_seq_len > 326 and num_seqs <= 4 and 150 < max_seq_len <= 378:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 2 workloads, 2.51x (2.41x .. 2.62x) over vllm_flashinfer_prefill
+    # region 23: 2 workloads, 2.51x (2.41x .. 2.62x) over vllm_flashinfer_prefill
     if total_seq_len > 326 and num_seqs <= 4 and 378 < max_seq_len <= 511:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 2 workloads, 1.87x (1.70x .. 2.05x) over vllm_flashinfer_prefill
+    # region 24: 2 workloads, 1.87x (1.70x .. 2.05x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 724 and num_seqs <= 22 and max_seq_len <= 104:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 2 workloads, 1.61x (1.52x .. 1.71x) over vllm_flashinfer_prefill
+    # region 25: 2 workloads, 1.61x (1.52x .. 1.71x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 771 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    # region 26: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 7 workloads, 1.38x (1.18x .. 1.55x) over vllm_flashinfer_prefill
+    # region 27: 7 workloads, 1.38x (1.18x .. 1.55x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 2896 and mean_seq_len > 11 and max_seq_len <= 104:
         return 'triton_prefill_fused.c16v64'
-    # region 27: 2 workloads, 1.46x (1.27x .. 1.68x) over vllm_flashinfer_prefill
+    # region 28: 2 workloads, 1.46x (1.27x .. 1.68x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and mean_seq_len <= 11 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    # region 29: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
     if 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 29: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 30: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 771 < total_seq_len <= 1233 and num_seqs > 11 and max_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 2 workloads, 1.34x (1.25x .. 1.44x) over vllm_flashinfer_prefill
+    # region 31: 2 workloads, 1.34x (1.25x .. 1.44x) over vllm_flashinfer_prefill
     if total_seq_len > 771 and 4 < num_seqs <= 11 and 104 < max_seq_len <= 563:
         return 'triton_prefill_fused.c16v64'
-    # region 31: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 771 and 4 < num_seqs <= 11 and 563 < max_seq_len <= 1020:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
+    # region 33: 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
     if total_seq_len > 771 and 4 < num_seqs <= 11 and 1020 < max_seq_len <= 2383:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 771 and 4 < num_seqs <= 11 and max_seq_len > 2383:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 25 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 25 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1233 and num_seqs > 11 and max_seq_len > 104:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill's guarded call
+    # region 36: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 7 workloads, 1.65x (1.18x .. 2.40x) over vllm_flashinfer_prefill
+    # region 37: 7 workloads, 1.65x (1.18x .. 2.40x) over vllm_flashinfer_prefill
     if total_seq_len > 1905 and num_seqs <= 4 and 511 < max_seq_len <= 5820:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1905 and num_seqs <= 4 and max_seq_len > 5820:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 104:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 104:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -643,15 +668,15 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:  # region 15
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:  # region 17
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362:  # region 28
+    if 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362:  # region 29
         return True
-    if total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:  # region 35
+    if total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:  # region 36
         return True
     return False
