@@ -581,12 +581,13 @@ def _leaf_params(params: FitParams, table: Table, mode: str = "graph") -> FitPar
     5-fold regret held or grew. A one-sequence shape is measured once, its mixes being one workload
     (`Coverage.one_mix`), and counts as that many workloads (`_Matrix.leaf_w`): counted as one, a
     region of prompts needed six lengths, and the chunked kernel's window of one prompt of ~700-1,024
-    tokens went unrouted (1 x 1,000 to FlashInfer, 16% slower; H200). Scored on both held-out stores
+    tokens went unrouted (1 x 1,000 to `flashinfer.cp_off`, 16% slower; H200). Scored on both held-out stores
     (2026-11-29), graph mean regret without hints: H100 pool qk4 21.8 -> 5.4%, gathered qk4 18.4 ->
     7.6%, pool qk2 18.5 -> 10.8%, contest 6.1 -> 5.9%; H200 contest 6.3 -> 5.9%, pool qk4 14.4 ->
     18.6% (three held-out calls of 6-9 sequences, where the mix decides, changed sides), gathered qk4
-    8.1 -> 8.5%; summed over the routers H100 119.6 -> 85.3%, H200 132.8 -> 136.9%; eager and hinted
-    sums within 2.3 points; the same counts slower than the baseline."""
+    8.1 -> 8.5%; summed over the routers H100 119.6 -> 85.3%, H200 132.8 -> 136.9%; eager sums 322.3
+    -> 315.9% (H100), 285.0 -> 286.2% (H200), hinted ones within 2.3 points; the same counts slower
+    than the baseline."""
     spec = defs.get(table.definition).spec
     mixes = len(spec.coverage.mixes) if spec.coverage is not None else 1
     hinted = any(h in table.fit_names for h in spec.hints)
