@@ -157,3 +157,42 @@ def test_a_guarded_baseline_is_gated_as_served_and_timed_as_the_engine_calls_it(
     assert rows[0]["metrics"]["timed"].startswith("the engine's own call")
     g = rows[0]["metrics"]["guarded"]
     assert g["median_us"] > rows[0]["median_us"] + 1000 and g["eager_us"] > rows[0]["eager_us"] + 1000
+
+
+def test_eager_calls_take_turns_so_a_slow_spell_hits_every_variant_alike():
+    """Each round calls every callable once, the order rotated; a slow spell of the host (here the
+    first ten calls) lands on both of two equal callables, where timing one after the other would
+    put all of it on the first."""
+    order, calls = [], [0]
+
+    def make(name):
+        def fn(*_):
+            order.append(name)
+            calls[0] += 1
+            if calls[0] <= 10:
+                time.sleep(0.003)
+        return fn
+
+    times = timing.eager_rounds_us({"a": make("a"), "b": make("b")}, [[torch.zeros(1)]], rounds=10)
+    assert order[:4] == ["a", "b", "b", "a"] and sorted(order) == ["a"] * 10 + ["b"] * 10
+    slow = {n: sum(t > 2500 for t in x) for n, x in times.items()}
+    assert slow == {"a": 5, "b": 5}, times
+
+
+def test_a_job_takes_its_variants_eager_times_in_turns():
+    from kdispatch import registry
+    from kdispatch.registry import Variant
+
+    ref = registry.get(DECODE, "reference").fn
+    registry.register(Variant(DECODE, "slow_twin", lambda *a: (time.sleep(0.02), ref(*a))[1], "torch", ("cpu",)))
+    rows = []
+    try:
+        work = Job(DECODE, [{"uuid": "job-4", "axes": {"batch_size": 2}, "inputs": {}}],
+                   {"job-4": ["reference", "slow_twin"]}, device="cpu", quick=True)
+        run_job(work, lambda kind, *p: rows.append(p[0]) if kind == "result" else None)
+    finally:
+        registry.unregister(DECODE, "slow_twin")
+    by = {r["variant"]: r for r in rows}
+    assert all("eager_turns_s" in r["metrics"] for r in rows), rows
+    assert by["slow_twin"]["eager_us"] > by["reference"]["eager_us"] + 10000
+    assert by["slow_twin"]["median_us"] == by["slow_twin"]["eager_us"]  # on the CPU the eager time is the time

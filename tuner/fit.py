@@ -37,7 +37,10 @@ held-out stores (2026-11-29): the eager mean regrets summed over the (router, ca
 (the H200 indexer among them: 20.4 -> 1.7%). The eager admissibility was also tried with the
 variant's median ahead by the gain and its p90 below the baseline's median, in place of beating
 it beyond the spread: H200 323 -> 281%, H100 430 -> 463% (pool prefill qk16 plain 15.6 -> 56.6%),
-the same counts slower than the baseline; not adopted.
+the same counts slower than the baseline; not adopted. Nor the eager times' host part (eager - graph)
+taken as its median over the 7 or 15 workloads nearest in log feature space, to smooth the host's
+noise (2026-11-29): eager mean regrets summed H200 286 -> 268 / 255%, H100 316 -> 502 / 580%
+(the indexer 0.4 -> 21.9%, decode 11.4 -> 27.8%); not adopted.
 
 Guarded library baselines. A library baseline that makes the engine's call safe (an index guard
 launched first; registry `engine=`) is timed twice by the tuner: its row holds the engine's own

@@ -1,9 +1,11 @@
 """The job a tuning worker runs: one definition, some workloads, the variants pending on each.
 
 Per workload: materialise the inputs of every trial once (kdispatch.workloads), run the reference
-once per trial, then gate (tuner/gate.py) and time (tuner/timing.py) each pending variant. Each
-result is emitted as a row dict as soon as it exists, so the parent stores it even if a later
-variant crashes the process.
+once per trial, then gate (tuner/gate.py) and time (tuner/timing.py) each pending variant. The
+timed variants' eager times are then taken together, the variants taking turns call by call
+(`timing.eager_in_turns`: the host's drift hits them alike; `measure` only probes them), and their
+rows emitted; a failure's row is emitted as soon as it exists. A crash loses the workload's rows
+timed before it (the restarted worker measures them again); one during the turns blames no variant.
 
 Screening (`Job.extra["screen"]`, a factor: `kdispatch tune --screen`, default tuner/cli.py
 SCREEN_FACTOR): every pending variant and the baseline first get a rough time on the workload
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -29,9 +31,10 @@ from kdispatch import provenance, registry
 from kdispatch.checks import PASSED, RUNTIME_ERROR, TIMEOUT, Verdict
 
 from . import gate
-from .timing import Budget, Timing, measure, screen_us
+from .timing import SLOW_US, Budget, Timing, eager_in_turns, measure, screen_us
 
 ROUTED_HINTED = "routed_hinted"  # bench pseudo-variant: the routed op given the workload's call-time hints
+EAGER_TURNS = "eager times in turns"  # what a worker is doing after a workload's variants (`_eager_in_turns`)
 
 @dataclass
 class Job:
@@ -97,6 +100,7 @@ def run_job(job: Job, emit: Callable) -> None:
     budget = Budget.quick() if job.quick else Budget()
     trials_n = job.trials or budget.trials
     device = torch.device(job.device)
+    probe = replace(budget, eager_min=3, eager_max=3)  # what `measure` spends on eager: the turns take them
     if device.type == "cuda":
         torch.cuda.set_device(device)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
@@ -131,6 +135,7 @@ def run_job(job: Job, emit: Callable) -> None:
         slow = screen(definition, job.extra.get("baseline"), names, trials[0][0], factor,
                       lambda name: emit("start", name, w["uuid"]), costs) if factor else {}
         screen_s = round(time.perf_counter() - t_screen, 3)
+        timed_rows: list[tuple] = []  # (name, verdict, timing, timed callable, guarded callable or None)
         for name in names:
             emit("start", name, w["uuid"])
             if name in slow:
@@ -167,19 +172,21 @@ def run_job(job: Job, emit: Callable) -> None:
             try:
                 verdict = gate.run_gate(definition, fn, trials)
             except gate.ContextLost as exc:
+                _emit_timed(emit, w, timed_rows)
                 emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"{exc} (CUDA context lost)"[:500])))
                 raise
-            timing = None
+            timing = timed = None
             t_timing = time.perf_counter()
             if verdict.passed:
                 try:
                     timed = timed_fn(definition, name, fn)
                     graph = d.spec.reference_graph_safe or name != registry.REFERENCE
-                    timing = measure(definition, timed, trials[0][0], budget, l2, graph=graph)
+                    timing = measure(definition, timed, trials[0][0], probe, l2, graph=graph)
                     if timed is not fn:
                         extra["timed"] = "the engine's own call, without the index guard"
-                        extra["guarded"] = guarded_times(measure(definition, fn, trials[0][0], budget, l2, graph=graph))
+                        extra["guarded"] = guarded_times(measure(definition, fn, trials[0][0], probe, l2, graph=graph))
                 except gate.ContextLost as exc:
+                    _emit_timed(emit, w, timed_rows)
                     emit("result", _row(name, w, Verdict(RUNTIME_ERROR, f"timing: {exc} (CUDA context lost)"[:500])))
                     raise
                 except Exception as exc:
@@ -187,10 +194,59 @@ def run_job(job: Job, emit: Callable) -> None:
                                            verdict.max_abs_err, verdict.max_rel_err, verdict.metrics)
             verdict.metrics.update(extra, **costs.get(name, {}), inputs_s=round(inputs_s, 3), screen_s=screen_s,
                                    gate_s=round(t_timing - t_gate, 3), timing_s=round(time.perf_counter() - t_timing, 3))
-            emit("result", _row(name, w, verdict, timing))
+            if timing is not None:
+                timed_rows.append((name, verdict, timing, timed, fn if timed is not fn else None))
+            else:
+                emit("result", _row(name, w, verdict, timing))
+        if timed_rows:
+            emit("start", EAGER_TURNS, w["uuid"])  # a crash now blames none of the variants (tuner/pool.py)
+            t_turns = time.perf_counter()
+            try:
+                _eager_in_turns(definition, timed_rows, trials[0][0], budget, l2)
+            except gate.ContextLost:
+                _emit_timed(emit, w, timed_rows)
+                raise
+            except Exception as exc:  # keep the probes' eager times, and say so
+                for _name, verdict, *_ in timed_rows:
+                    verdict.metrics["eager_turns"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+            for _name, verdict, *_ in timed_rows:
+                verdict.metrics["eager_turns_s"] = round(time.perf_counter() - t_turns, 3)
+            _emit_timed(emit, w, timed_rows)
         del trials
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _emit_timed(emit: Callable, w: dict, timed_rows: list) -> None:
+    for name, verdict, timing, *_ in timed_rows:
+        emit("result", _row(name, w, verdict, timing))
+    timed_rows.clear()
+
+
+def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2: int) -> None:
+    """Replaces the eager times of the timed rows (and of a guarded baseline's guarded call) with
+    ones taken in turns (`timing.eager_in_turns`); rows at or over SLOW_US keep their probe's."""
+    fns, first = {}, {}
+    for name, verdict, timing, timed, guarded in timed_rows:
+        if timing.eager_us is not None and timing.eager_us < SLOW_US:
+            fns[name], first[name] = timed, timing.eager_us
+            g = verdict.metrics.get("guarded")
+            if guarded is not None and g and g.get("eager_us") is not None:
+                fns[(name, "guarded")], first[(name, "guarded")] = guarded, g["eager_us"]
+    if not fns:
+        return
+    times = eager_in_turns(definition, fns, args, budget, l2, first)
+    for name, verdict, timing, *_ in timed_rows:
+        cpu = timing.method == "cpu"  # there the eager time is the time
+        if name in times:
+            timing.eager_us, timing.eager_p10_us, timing.eager_p90_us = times[name]
+            if cpu:
+                timing.median_us, timing.p10_us, timing.p90_us = times[name]
+        if (name, "guarded") in times:
+            g = verdict.metrics["guarded"]
+            g["eager_us"], g["eager_p10_us"], g["eager_p90_us"] = times[(name, "guarded")]
+            if cpu:
+                g["median_us"], g["p10_us"], g["p90_us"] = times[(name, "guarded")]
 
 
 def warm_job(job: Job, emit: Callable) -> None:

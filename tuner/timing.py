@@ -10,7 +10,9 @@ Timing protocol, `measure`:
    layers run in between), capped at 256 sets (32 with --quick), at the rotation's own cap, and,
    when every set copies the input (an input updated in place), at 8 GiB of copies.
 2. Eager time: host + device wall time of single synchronised calls, median and 10th / 90th
-   percentile (serving often runs prefill eagerly, and host overhead is real).
+   percentile (serving often runs prefill eagerly, and host overhead is real). The tuner's jobs
+   take it for all of a workload's timed variants together, in turns (`eager_in_turns`), after
+   `measure` has probed each with a few calls.
 3. Device time, the number routing uses:
    - eager median >= SLOW_US: CUDA events around single calls (launch gaps are noise at that size):
      method "events"; likewise a reference the spec marks as not graph-safe (it syncs with the host);
@@ -157,6 +159,44 @@ def eager_times_us(fn: Callable, sets: list, reps: int) -> list[float]:
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e6)
     return times
+
+
+def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[str, list[float]]:
+    """Eager times (host + device wall time of single synchronised calls, µs) of several callables on
+    one workload's input sets, taking turns call by call: each round calls every one once on the
+    round's set, the order rotated round to round. The host's speed drifts over seconds (its clock,
+    other processes: one variant's eager rows differed by up to 2x between spells of one H200 tune,
+    2026-11-29), so variants timed one after another can differ by the spell each fell in; taking
+    turns puts every one in every spell."""
+    names = list(fns)
+    device = _device_of(sets[0])
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        s = sets[r % len(sets)]
+        for k in range(len(names)):
+            n = names[(r + k) % len(names)]
+            _sync(device)
+            t0 = time.perf_counter()
+            fns[n](*s)
+            _sync(device)
+            out[n].append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def eager_in_turns(definition: str, fns: dict[str, Callable], args, budget: Budget, l2_bytes: int,
+                   first: dict[str, float]) -> dict[str, tuple[float, float, float]]:
+    """name -> (median, p10, p90) eager µs of the callables (each already run on these inputs), timed
+    in turns (`eager_rounds_us`) on rotated input sets: about `eager_target_s` of calls each by their
+    first estimates `first` (µs), within `eager_min`..`eager_max` rounds."""
+    args = gate.private_copy(definition, args)
+    sets = input_sets(definition, args, l2_bytes, budget.max_sets)
+    mean = sum(first.values()) / max(len(first), 1)
+    rounds = int(min(budget.eager_max, max(budget.eager_min, budget.eager_target_s * 1e6 // max(mean, 1.0))))
+    with torch.no_grad():
+        for fn in fns.values():  # each one's first call on these sets, outside the timer (as in `measure`)
+            fn(*sets[0])
+        times = eager_rounds_us(fns, sets, rounds)
+    return {n: (statistics.median(x), percentile(x, 0.1), percentile(x, 0.9)) for n, x in times.items()}
 
 
 def event_times_us(fn: Callable, sets: list, reps: int) -> list[float]:
