@@ -163,18 +163,21 @@ def eager_times_us(fn: Callable, sets: list, reps: int) -> list[float]:
 
 def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[str, list[float]]:
     """Eager times (host + device wall time of single synchronised calls, µs) of several callables on
-    one workload's input sets, taking turns call by call: each round calls every one once on the
-    round's set, the order rotated round to round. The host's speed drifts over seconds (its clock,
-    other processes: one variant's eager rows differed by up to 2x between spells of one H200 tune,
-    2026-11-29), so variants timed one after another can differ by the spell each fell in; taking
-    turns puts every one in every spell."""
+    one workload's input sets, taking turns call by call: each round calls every one once, the order
+    rotated round to round, and every call takes the next input set (none finds the set of the call
+    before it in the L2). The host's speed drifts over seconds (its clock, other processes: one
+    variant's eager rows differed by up to 2x between spells of one H200 tune, 2026-11-29), so
+    variants timed one after another can differ by the spell each fell in; taking turns puts every
+    one in every spell."""
     names = list(fns)
     device = _device_of(sets[0])
     out: dict[str, list[float]] = {n: [] for n in names}
+    calls = 0
     for r in range(rounds):
-        s = sets[r % len(sets)]
         for k in range(len(names)):
             n = names[(r + k) % len(names)]
+            s = sets[calls % len(sets)]
+            calls += 1
             _sync(device)
             t0 = time.perf_counter()
             fns[n](*s)
