@@ -5,7 +5,8 @@ definition, timed (a) one after another, 50 single synchronised calls each on ro
 and (c) in turns with Python's garbage collector off; three alternating repetitions, medians of
 each. The routed op's eager time over its choice's direct call is what dispatch costs an eager
 call; (a) against (b) says what each protocol makes of it, (c) whether collections landing on the
-next call explain the rest.
+next call explain the rest; `--parts` adds the op's dispatch alone (up to the variant call) and an
+empty call (the protocol's floor: two synchronisations and a Python call).
 
     python benchmarks/eager_protocol.py gdn_decode --shape batch_size=12 --shape batch_size=40 \\
         [--only VARIANT ...] [--json out.json]
@@ -51,11 +52,28 @@ def _turns(fns: dict, sets: list, gc_off: bool = False) -> dict:
     return {n: statistics.median(x) for n, x in times.items()}
 
 
+def _dispatch_only(op):
+    """What `Dispatcher.__call__` does on a cached signature before it calls the variant."""
+    from kdispatch.dispatch import _is_compiling, capturing
+
+    def run(*args):
+        _is_compiling()
+        if op._per_call is not None:
+            op._per_call(args)
+        ts = op._tensors(args)
+        e = op._last
+        if e is None or not e.guard(*ts):
+            raise RuntimeError("the signature is not the cached one")
+        return e.eager_fn is None or capturing()
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("definition")
     ap.add_argument("--shape", action="append", required=True, help="axis=value,... (the definition's variable axes)")
     ap.add_argument("--only", nargs="*", help="variants beside the routed op and its choice (default: all runnable)")
+    ap.add_argument("--parts", action="store_true", help="also the op's dispatch without the variant call, and an empty call")
     ap.add_argument("--json", type=Path)
     opts = ap.parse_args()
     name = definitions.resolve_name(opts.definition)
@@ -77,6 +95,9 @@ def main() -> None:
         names = ([v.name for v in registry.variants(name) if v.why_not(here) is None and v.name != registry.REFERENCE
                   and v.declines(check) is None] if opts.only is None else opts.only)
         fns = {"routed": op, f"{choice} (direct)": registry.get(name, choice).fn}
+        if opts.parts:  # the op's hot path up to the variant call, and an empty call: the floor of the protocol
+            fns["op without the variant call"] = _dispatch_only(op)
+            fns["empty call"] = lambda *a: None
         fns.update({v: registry.get(name, v).fn for v in names if v != choice})
         for fn in fns.values():  # first calls (compiles) outside every timer
             fn(*sets[0])
