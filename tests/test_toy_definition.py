@@ -94,6 +94,7 @@ def test_a_toy_definition_tunes_end_to_end_on_cpu(tmp_path, toy):
     rows = Store.open(tmp_path / "store" / "cpu.sqlite").results(NAME)
     assert {(x.variant, x.status) for x in rows} == {("reference", "PASSED"), ("toy_fast", "PASSED")}
     assert len(rows) == 8, "both variants on all four workloads"
+    assert not any("eager_turns_s" in x.metrics for x in rows), "a tune keeps each variant's own eager loop"
     router = (tmp_path / "routers" / "cpu" / f"{NAME}.py").read_text()
     assert "def route(num_rows):" in router
     assert "return 'toy_fast'" in router

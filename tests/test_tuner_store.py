@@ -365,6 +365,7 @@ def test_bench_calls_the_op_with_each_workloads_hints_too(tmp_path):
         d.unset_router("cpu")
     status = {r.variant: r.status for r in store.results(name)}
     assert status.get("routed") == "PASSED" and status.get("routed_hinted") == "PASSED"
+    assert all("eager_turns_s" in r.metrics for r in store.results(name))  # measured together: eager in turns
     assert seen and set(seen) == {hint_values(name, w)["max_seq_len"]}
     _, summary = flows.bench_table(store, store.envs()[0]["id"], name)
     assert summary["graph"]["routed_geomean_speedup"] and summary["hinted"]["graph"]["routed_geomean_speedup"]

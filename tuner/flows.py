@@ -488,7 +488,8 @@ def bench(roots, *, definitions=None, variants=None, device: str = "cuda", quick
         store.put(_result(eid, definition, v, row))
 
     total = sum(len(p.pending) for p in plans)
-    jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", quick, trials)
+    # every variant and the routed op of a workload measured together: their eager times in turns
+    jobs = make_jobs(plans, len(devices), "cuda:0" if devices != ["cpu"] else "cpu", quick, trials, eager_turns=True)
     deadline = time.monotonic() + 60 * max_minutes if max_minutes else None
     complete = execute(jobs, devices, on_row, Progress(total, stream, "bench"), in_process=in_process,
                        timeout=timeout, deadline=deadline)

@@ -1,11 +1,20 @@
 """The job a tuning worker runs: one definition, some workloads, the variants pending on each.
 
 Per workload: materialise the inputs of every trial once (kdispatch.workloads), run the reference
-once per trial, then gate (tuner/gate.py) and time (tuner/timing.py) each pending variant. The
-timed variants' eager times are then taken together, the variants taking turns call by call
-(`timing.eager_in_turns`: the host's drift hits them alike; `measure` only probes them), and their
-rows emitted; a failure's row is emitted as soon as it exists. A crash loses the workload's rows
-timed before it (the restarted worker measures them again); one during the turns blames no variant.
+once per trial, then gate (tuner/gate.py) and time (tuner/timing.py) each pending variant. Each
+result is emitted as a row dict as soon as it exists, so the parent stores it even if a later
+variant crashes the process.
+
+Eager times in turns (`Job.extra["eager_turns"]`: `kdispatch bench`, which measures every variant
+and the routed op of a workload together): `measure` only probes each variant's eager time; then
+the timed variants take their eager times together, call by call (`timing.eager_in_turns`), and
+their rows are emitted. The host's speed drifts over seconds, so variants timed one after another
+can differ by the spell each fell in; in turns every one sees every spell, and each call runs after
+other code, as in serving, not in a hot loop of its own (benchmarks/results/eager-protocol-H200.txt:
+the routed op's dispatch cost over its variant's direct call, +2.7 us in a hot loop, +7-8 in turns).
+A crash then loses the workload's rows timed before it (the restarted worker measures them again);
+one during the turns blames no variant. The tune keeps each variant's own eager loop: a store's rows
+are compared across runs, and a turn's time depends on its companions (colder after more of them).
 
 Screening (`Job.extra["screen"]`, a factor: `kdispatch tune --screen`, default tuner/cli.py
 SCREEN_FACTOR): every pending variant and the baseline first get a rough time on the workload
@@ -100,7 +109,8 @@ def run_job(job: Job, emit: Callable) -> None:
     budget = Budget.quick() if job.quick else Budget()
     trials_n = job.trials or budget.trials
     device = torch.device(job.device)
-    probe = replace(budget, eager_min=3, eager_max=3)  # what `measure` spends on eager: the turns take them
+    in_turns = bool(job.extra.get("eager_turns"))
+    probe = replace(budget, eager_min=3, eager_max=3) if in_turns else budget  # what `measure` spends on eager
     if device.type == "cuda":
         torch.cuda.set_device(device)
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
@@ -194,7 +204,7 @@ def run_job(job: Job, emit: Callable) -> None:
                                            verdict.max_abs_err, verdict.max_rel_err, verdict.metrics)
             verdict.metrics.update(extra, **costs.get(name, {}), inputs_s=round(inputs_s, 3), screen_s=screen_s,
                                    gate_s=round(t_timing - t_gate, 3), timing_s=round(time.perf_counter() - t_timing, 3))
-            if timing is not None:
+            if timing is not None and in_turns:
                 timed_rows.append((name, verdict, timing, timed, fn if timed is not fn else None))
             else:
                 emit("result", _row(name, w, verdict, timing))

@@ -196,11 +196,12 @@ def _router_hash(definition: str, arch: str, device: str) -> str:
 
 
 def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trials=None,
-              executor: str | None = None, screen: float | None = None) -> list[Job]:
+              executor: str | None = None, screen: float | None = None, eager_turns: bool = False) -> list[Job]:
     """One job per definition, or per chunk of its workloads when several GPUs share it (the
     chunks interleave the workloads sorted by the main feature, so each gets a spread of sizes).
     `screen`: leave a variant ungated and untimed on a workload where a rough time says it is over
-    this factor slower than the fastest (tuner/job.py)."""
+    this factor slower than the fastest (tuner/job.py). `eager_turns`: a workload's variants take
+    their eager times together, in turns (tuner/job.py)."""
     jobs = []
     for p in sorted(plans, key=lambda p: (-len(p.pending), p.definition)):
         by_uuid: dict[str, list[str]] = {}
@@ -216,6 +217,8 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trial
             part = ws[c::chunks]
             job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials,
                       extra={"screen": screen, "baseline": p.baseline} if screen else {})
+            if eager_turns:
+                job.extra["eager_turns"] = True
             if executor:
                 job.executor = executor
             jobs.append(job)

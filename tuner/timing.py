@@ -10,9 +10,9 @@ Timing protocol, `measure`:
    layers run in between), capped at 256 sets (32 with --quick), at the rotation's own cap, and,
    when every set copies the input (an input updated in place), at 8 GiB of copies.
 2. Eager time: host + device wall time of single synchronised calls, median and 10th / 90th
-   percentile (serving often runs prefill eagerly, and host overhead is real). The tuner's jobs
-   take it for all of a workload's timed variants together, in turns (`eager_in_turns`), after
-   `measure` has probed each with a few calls.
+   percentile (serving often runs prefill eagerly, and host overhead is real). `kdispatch bench`
+   takes it for all of a workload's timed variants together, in turns (`eager_in_turns`, see
+   tuner/job.py), after `measure` has probed each with a few calls.
 3. Device time, the number routing uses:
    - eager median >= SLOW_US: CUDA events around single calls (launch gaps are noise at that size):
      method "events"; likewise a reference the spec marks as not graph-safe (it syncs with the host);
