@@ -161,7 +161,7 @@ def test_a_guarded_baseline_is_gated_as_served_and_timed_as_the_engine_calls_it(
 
 
 def test_eager_calls_take_turns_so_a_slow_spell_hits_every_variant_alike():
-    """Each round calls every callable once, the order rotated; a slow spell of the host (here the
+    """Each round calls every callable once, in a shuffled order; a slow spell of the host (here the
     first ten calls) lands on both of two equal callables, where timing one after the other would
     put all of it on the first."""
     order, calls = [], [0]
@@ -175,9 +175,10 @@ def test_eager_calls_take_turns_so_a_slow_spell_hits_every_variant_alike():
         return fn
 
     times = timing.eager_rounds_us({"a": make("a"), "b": make("b")}, [[torch.zeros(1)]], rounds=10)
-    assert order[:4] == ["a", "b", "b", "a"] and sorted(order) == ["a"] * 10 + ["b"] * 10
+    assert all(sorted(order[i:i + 2]) == ["a", "b"] for i in range(0, 20, 2)), order  # each round calls both
+    assert len({tuple(order[i:i + 2]) for i in range(0, 20, 2)}) == 2, order  # in either order
     slow = {n: sum(t > 2500 for t in x) for n, x in times.items()}
-    assert slow == {"a": 5, "b": 5}, times
+    assert 2 <= slow["a"] <= 8 and slow["a"] + slow["b"] == 10, times
 
 
 def test_a_job_takes_its_variants_eager_times_in_turns():

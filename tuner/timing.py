@@ -36,6 +36,7 @@ On the CPU (tests) the same protocol runs with wall-clock time only (method "cpu
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -163,19 +164,23 @@ def eager_times_us(fn: Callable, sets: list, reps: int) -> list[float]:
 
 def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[str, list[float]]:
     """Eager times (host + device wall time of single synchronised calls, µs) of several callables on
-    one workload's input sets, taking turns call by call: each round calls every one once, the order
-    rotated round to round, and every call takes the next input set (none finds the set of the call
-    before it in the L2). The host's speed drifts over seconds (its clock, other processes: one
-    variant's eager rows differed by up to 2x between spells of one H200 tune, 2026-11-29), so
-    variants timed one after another can differ by the spell each fell in; taking turns puts every
-    one in every spell."""
+    one workload's input sets, taking turns call by call: each round calls every one once, in an
+    order shuffled round to round (seeded), and every call takes the next input set (none finds the
+    set of the call before it in the L2). The host's speed drifts over seconds (its clock, other
+    processes: one variant's eager rows differed by up to 2x between spells of one H200 tune,
+    2026-11-29), so variants timed one after another can differ by the spell each fell in; taking
+    turns puts every one in every spell. Shuffled, since a call finds the host's caches warm with
+    whatever ran before it: in a fixed cyclic order, each configuration of a variant followed its
+    sibling (the same code, warm) while the routed op followed another variant (H200, 2026-11-29:
+    the op's eager dispatch cost over its variant's direct call read +12-45 us that way)."""
     names = list(fns)
     device = _device_of(sets[0])
     out: dict[str, list[float]] = {n: [] for n in names}
     calls = 0
     for r in range(rounds):
-        for k in range(len(names)):
-            n = names[(r + k) % len(names)]
+        order = list(names)
+        random.Random(r).shuffle(order)
+        for n in order:
             s = sets[calls % len(sets)]
             calls += 1
             _sync(device)
