@@ -10,8 +10,10 @@ and the routed op of a workload together): `measure` only probes each variant's 
 the timed variants take their eager times together, call by call (`timing.eager_in_turns`), and
 their rows are emitted. The host's speed drifts over seconds, so variants timed one after another
 can differ by the spell each fell in; in turns every one sees every spell, and each call runs after
-other code, as in serving, not in a hot loop of its own (benchmarks/results/eager-protocol-H200.txt:
-the routed op's dispatch cost over its variant's direct call, +2.7 us in a hot loop, +7-8 in turns).
+other code, as in serving, not in a hot loop of its own: benchmarks/results/eager-protocol-H200.txt,
+where the library variants' host paths slow the most (FlashInfer's decode 46.6 -> 69.3 us a call,
+fla's 104 -> 129, kdispatch's CUDA decode 27.8 -> 29.0; the routed op over its variant's direct
+call +2.3 -> +4.1).
 A crash then loses the workload's rows timed before it (the restarted worker measures them again);
 one during the turns blames no variant. The tune keeps each variant's own eager loop: a store's rows
 are compared across runs, and a turn's time depends on its companions (colder after more of them).
