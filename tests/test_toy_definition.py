@@ -385,3 +385,27 @@ def test_tune_warms_up_on_several_workers_a_gpu_before_measuring(tmp_path, toy, 
     flows.tune(tmp_path / "traces", device="cuda", warm=0, **kw)
     flows.tune(tmp_path / "traces", device="cpu", warm=3, **kw)
     assert [executors for executors, _, _ in runs] == [{"kdispatch.tuner.job:run_job"}] * 2
+
+
+def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, toy):
+    """`tune --eager-turns` takes a workload's eager times in turns; rows of the default (each
+    variant's own loop) are not comparable with them, and `route` says so for a mixed definition."""
+    import io
+
+    write_traces(tmp_path, (2, 5))
+    store = tmp_path / "store" / "cpu.sqlite"
+    kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, out=tmp_path / "routers", quick=True,
+              stream=open(os.devnull, "w"))
+    flows.tune(tmp_path / "traces", eager_turns=True, **kw)
+    rows = Store.open(store).results(NAME)
+    assert rows and all("eager_turns_s" in r.metrics for r in rows)
+    said = io.StringIO()
+    flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+    assert "eager times in turns" not in said.getvalue()
+    registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
+    try:
+        flows.tune(tmp_path / "traces", **kw)  # the new variant alone, in its own loop
+        flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+    finally:
+        registry.unregister(NAME, "toy_twin")
+    assert "toy_scale on CPU: 4 rows took their eager times in turns and 2 in each variant's own loop" in said.getvalue()

@@ -50,7 +50,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
          trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None,
-         warm: int = 0) -> TuneResult:
+         warm: int = 0, eager_turns: bool = False) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
 
     `warm`: worker processes per GPU that first call every pending variant once on its workload
@@ -63,6 +63,10 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     `screen`: a factor; a variant whose rough time on a workload is over it times the fastest's, in
     both call modes, is neither gated nor timed there (tuner/job.py; `kdispatch tune` screens at
     `cli.SCREEN_FACTOR` unless told otherwise).
+
+    `eager_turns`: each workload's variants take their eager times together, in turns (tuner/job.py),
+    as `bench` does; rows of each variant's own eager loop (the default) are not comparable with
+    them (`route` warns of a definition that mixes the two).
 
     `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
     compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
@@ -101,7 +105,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     if total:
         # Each GPU worker sees exactly its GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
         jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", quick,
-                         trials, executor, screen)
+                         trials, executor, screen, eager_turns)
         deadline = t0 + 60 * max_minutes if max_minutes else None
         previous = signal.signal(signal.SIGTERM, _sigterm) if _main_thread() else None
         try:
@@ -201,6 +205,7 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
                 continue
             table = _without_retired(table, stream)
             _warn_stale(table, stream)
+            _warn_mixed_eager(table, stream)
             policy = _fit(_without_unmeasured(table, stream, params=params), params, hints)
             if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
                 for name in (e["device"] for e in table.devices):
@@ -400,6 +405,24 @@ def _wins_anywhere(table, name: str, params) -> bool:
                                      for tb in (timed(b, mode), timed(b, mode, guarded=True))):
                 return True
     return False
+
+
+def _warn_mixed_eager(table, stream) -> bool:
+    """Warns where one device's rows of the table took their eager times both ways, in turns with
+    the workload's other variants (`tune --eager-turns`) and in each variant's own loop: a variant
+    measured in turns pays more host time per call (benchmarks/results/eager-protocol-H200.txt),
+    so the eager fit would compare unlike times. Returns whether it warned."""
+    mixed = False
+    for e in table.devices:
+        rows = table.on_device(e["device"]).rows.values()
+        turns = sum(1 for r in rows if r.passed and "eager_turns_s" in (r.metrics or {}))
+        own = sum(1 for r in rows if r.passed and r.eager_us is not None and "eager_turns_s" not in (r.metrics or {}))
+        if turns and own:
+            mixed = True
+            stream.write(f"[route] warning: {defs.get(table.definition).short} on {e['device']}: {turns} rows took "
+                         f"their eager times in turns and {own} in each variant's own loop; the eager router "
+                         "compares unlike times: re-measure the definition one way (`kdispatch tune --force`)\n")
+    return mixed
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:
