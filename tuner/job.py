@@ -6,7 +6,7 @@ result is emitted as a row dict as soon as it exists, so the parent stores it ev
 variant crashes the process.
 
 Eager times in turns (`Job.extra["eager_turns"]`: `kdispatch bench`, which measures every variant
-and the routed op of a workload together): `measure` only probes each variant's eager time; then
+and the routed op of a workload together, and `kdispatch tune --eager-turns`): `measure` only probes each variant's eager time; then
 the timed variants take their eager times together, call by call (`timing.eager_in_turns`), and
 their rows are emitted. The host's speed drifts over seconds, so variants timed one after another
 can differ by the spell each fell in; in turns every one sees every spell, and each call runs after
@@ -15,8 +15,9 @@ where the library variants' host paths slow the most (FlashInfer's decode 46.6 -
 fla's 104 -> 129, kdispatch's CUDA decode 27.8 -> 29.0; the routed op over its variant's direct
 call +2.3 -> +4.1).
 A crash then loses the workload's rows timed before it (the restarted worker measures them again);
-one during the turns blames no variant. The tune keeps each variant's own eager loop: a store's rows
-are compared across runs, and a turn's time depends on its companions (colder after more of them).
+one during the turns blames no variant. The tune keeps each variant's own eager loop unless asked:
+a store's rows are compared across runs, and a turn's time depends on its companions (colder after
+more of them), so a definition is best measured one way throughout (`route` warns where it is not).
 
 Screening (`Job.extra["screen"]`, a factor: `kdispatch tune --screen`, default tuner/cli.py
 SCREEN_FACTOR): every pending variant and the baseline first get a rough time on the workload
@@ -215,14 +216,14 @@ def run_job(job: Job, emit: Callable) -> None:
             t_turns = time.perf_counter()
             try:
                 _eager_in_turns(definition, timed_rows, trials[0][0], budget, l2)
+                outcome = {"eager_turns_s": round(time.perf_counter() - t_turns, 3)}
             except gate.ContextLost:
                 _emit_timed(emit, w, timed_rows)
                 raise
             except Exception as exc:  # keep the probes' eager times, and say so
-                for _name, verdict, *_ in timed_rows:
-                    verdict.metrics["eager_turns"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                outcome = {"eager_turns": f"failed: {type(exc).__name__}: {exc}"[:300]}
             for _name, verdict, *_ in timed_rows:
-                verdict.metrics["eager_turns_s"] = round(time.perf_counter() - t_turns, 3)
+                verdict.metrics.update(outcome)
             _emit_timed(emit, w, timed_rows)
         del trials
         if device.type == "cuda":
