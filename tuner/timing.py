@@ -11,8 +11,8 @@ Timing protocol, `measure`:
    when every set copies the input (an input updated in place), at 8 GiB of copies.
 2. Eager time: host + device wall time of single synchronised calls, median and 10th / 90th
    percentile (serving often runs prefill eagerly, and host overhead is real). `kdispatch bench`
-   takes it for all of a workload's timed variants together, in turns (`eager_in_turns`, see
-   tuner/job.py), after `measure` has probed each with a few calls.
+   (and `tune --eager-turns`) takes it for all of a workload's timed variants together, in turns
+   (`eager_in_turns`, see tuner/job.py), after `measure` has probed each with a few calls.
 3. Device time, the number routing uses:
    - eager median >= SLOW_US: CUDA events around single calls (launch gaps are noise at that size):
      method "events"; likewise a reference the spec marks as not graph-safe (it syncs with the host);
@@ -167,12 +167,13 @@ def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[s
     one workload's input sets, taking turns call by call: each round calls every one once, in an
     order shuffled round to round (seeded), and every call takes the next input set (none finds the
     set of the call before it in the L2). The host's speed drifts over seconds (its clock, other
-    processes: one variant's eager rows differed by up to 2x between spells of one H200 tune,
-    2026-11-29), so variants timed one after another can differ by the spell each fell in; taking
-    turns puts every one in every spell. Shuffled, since a call finds the host's caches warm with
-    whatever ran before it: in a fixed cyclic order, each configuration of a variant followed its
-    sibling (the same code, warm) while the routed op followed another variant (H200, 2026-11-29:
-    the op's eager dispatch cost over its variant's direct call read +12-45 us that way)."""
+    processes), so variants timed one after another can differ by the spell each fell in (the eight
+    configurations of one CUDA decode kernel, one host path, 17% apart per workload at the median
+    and 53% at the 90th percentile; 7% and 12% in turns: benchmarks/results/eager-turns-decode-H200.txt);
+    taking turns puts every one in every spell. Shuffled, since a call finds the host's caches warm
+    with whatever ran before it: in a fixed cyclic order each configuration followed its sibling
+    (the same code, warm) while the routed op followed another variant, and the op's cost over its
+    variant's direct call read +8-17 us instead of +3-4 (benchmarks/results/eager-protocol-H200.txt)."""
     names = list(fns)
     device = _device_of(sets[0])
     out: dict[str, list[float]] = {n: [] for n in names}
