@@ -173,7 +173,7 @@ def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[s
     taking turns puts every one in every spell. Shuffled, since a call finds the host's caches warm
     with whatever ran before it: in a fixed cyclic order each configuration followed its sibling
     (the same code, warm) while the routed op followed another variant, and the op's cost over its
-    variant's direct call read +8-17 us instead of +3-4 (benchmarks/results/eager-protocol-H200.txt)."""
+    variant's direct call read +7-17 us instead of +3-4 (benchmarks/results/eager-protocol-H200.txt)."""
     names = list(fns)
     device = _device_of(sets[0])
     out: dict[str, list[float]] = {n: [] for n in names}
