@@ -409,3 +409,33 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     finally:
         registry.unregister(NAME, "toy_twin")
     assert "toy_scale on CPU: 4 rows took their eager times in turns and 2 in each variant's own loop" in said.getvalue()
+
+
+def test_a_job_takes_its_variants_eager_times_in_turns(toy):
+    """Two variants, the second 4 ms slower a call: their eager times come from the turns (after the
+    workload's variants, its own progress message), and the second's calls over the first's of the
+    same round (the job's baseline here) are > 1 (`eager_paired`, what the eager fit compares)."""
+    import time
+
+    from kdispatch.tuner import job
+    from kdispatch.tuner.job import Job, run_job
+
+    registry.variant(NAME, "toy_slow", backend="torch", archs=("*",))(lambda x, alpha: (time.sleep(0.001), x * alpha)[1])
+    registry.variant(NAME, "toy_slower", backend="torch", archs=("*",))(lambda x, alpha: (time.sleep(0.005), x * alpha)[1])
+    rows, starts = [], []
+    try:
+        work = Job(NAME, [{"uuid": "toy-turns", "axes": {"num_rows": 3}, "inputs": {}}],
+                   {"toy-turns": ["toy_slow", "toy_slower"]}, device="cpu", quick=True,
+                   extra={"eager_turns": True, "baseline": "toy_slow"})
+        run_job(work, lambda kind, *p: rows.append(p[0]) if kind == "result" else starts.append(p))
+    finally:
+        registry.unregister(NAME, "toy_slow")
+        registry.unregister(NAME, "toy_slower")
+    by = {r["variant"]: r for r in rows}
+    assert all("eager_turns_s" in r["metrics"] for r in rows), [(r["variant"], r["status"], r["reason"]) for r in rows]
+    assert [(n, u) for n, u, *_ in starts if n == job.EAGER_TURNS] == [(job.EAGER_TURNS, "toy-turns")]
+    assert by["toy_slower"]["eager_us"] > by["toy_slow"]["eager_us"] + 2000
+    assert by["toy_slower"]["median_us"] == by["toy_slower"]["eager_us"]  # on the CPU the eager time is the time
+    paired = by["toy_slower"]["metrics"]["eager_paired"]  # each call over the baseline's of its round
+    assert paired["baseline"] == "toy_slow" and paired["median"] > 1.5 and paired["p90"] >= paired["median"]
+    assert "eager_paired" not in by["toy_slow"]["metrics"]

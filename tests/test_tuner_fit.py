@@ -820,6 +820,29 @@ def test_per_mode_choices_are_fitted_from_per_mode_times(tmp_path):
     assert graph(batch_size=8) == "A" and first(eager(batch_size=8)) == "flashinfer"
 
 
+def test_eager_rows_taken_in_turns_are_compared_with_the_baseline_round_by_round():
+    """A variant at half the baseline's eager time whose baseline rows have a long tail (one cold call
+    in ten at several times its median): the added 10-90 ranges hide the win; the calls' ratios to
+    the baseline's of the same round (`eager_paired`, tuner/job.py) show it, and also keep a variant
+    out where it is faster in the median but slower in more than one round of ten."""
+    store = build_store(DECODE, decode_workloads(), lambda n, a: 5.0 if n == "A" else (None if n == "B" else 10.0))
+    for r in store.results(DECODE):
+        if r.variant == "flashinfer":
+            r.eager_us, r.eager_p10_us, r.eager_p90_us = 80.0, 70.0, 280.0
+        else:
+            r.eager_us, r.eager_p10_us, r.eager_p90_us = 38.0, 35.0, 75.0
+        store.put(r)
+    assert [r.variant for r in fitting.fit(fitting.load_table(store, DECODE, "sm90")).eager.regions] == ["flashinfer"]
+    for paired, expect in (({"median": 0.47, "p90": 0.6}, "A"), ({"median": 0.47, "p90": 1.2}, "flashinfer")):
+        for r in store.results(DECODE):
+            if r.variant == "A":
+                r.metrics = {**(r.metrics or {}), "eager_paired": {"baseline": "flashinfer", **paired}}
+                store.put(r)
+        pol = fitting.fit(fitting.load_table(store, DECODE, "sm90"))
+        assert [r.variant for r in pol.eager.regions] == [expect], paired
+        assert [r.variant for r in pol.regions] == ["A"]  # graph calls: the graph times, as before
+
+
 def test_guarded_baseline_refits_its_regions_for_ops_and_hands_them_back(tmp_path):
     """A guarded library baseline (rows: the engine's own call; metrics: the guarded call): where the
     baseline keeps a region, a variant that beats only the guarded call takes it for kdispatch.ops,

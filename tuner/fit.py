@@ -29,7 +29,13 @@ wrong), every variant that passed there is admissible: anything correct beats it
 
 Call modes. The same is fitted twice from the same rows: for calls captured in a CUDA graph on the
 graph times above, and for eager calls on the eager times (host + device of a synchronised call,
-with their own 10-90 spread; there a variant that cannot be captured is admissible too). The router
+with their own 10-90 spread; there a variant that cannot be captured is admissible too). Eager rows
+taken in turns with the baseline's (tuner/job.py, `eager_paired`) are compared with it round by
+round instead: admissible where the median of the variant's call over the baseline's of the same
+round is below 1 - gain and its 90th percentile below 1 (faster in nine rounds of ten). The calls
+of a round meet the same spell of the host; the two 10-90 ranges added, where one cold call of the
+baseline's can reach 3.9x its median, kept FlashInfer's decode at 29-34 requests against a CUDA
+kernel at half its time (benchmarks/results/eager-turns-decode-H200.txt). The router
 holds both (`Policy.eager`); the dispatcher asks which mode a call is in only for shapes whose two
 choices differ. One router for both (the graph policy serving eager calls) was scored on both
 held-out stores (2026-11-29): the eager mean regrets summed over the (router, call) pairs rose from
@@ -420,8 +426,12 @@ class _Matrix:
                     self.ok[j, i] = True
                 elif x is not None and name not in unsafe and b is not None and (mode == "eager" or r.routable):
                     self.runs[j, i] = True
-                    self.ok[j, i] = not b.passed or (tb is not None and
-                                                     beats(x, tb, required_gain(params, t.definition, name)))
+                    gain = required_gain(params, t.definition, name)
+                    paired = (r.metrics or {}).get("eager_paired") if mode == "eager" and not guarded else None
+                    if paired and paired["baseline"] == t.baseline and b.passed:
+                        self.ok[j, i] = paired["median"] <= 1.0 - gain and paired["p90"] < 1.0
+                    else:
+                        self.ok[j, i] = not b.passed or (tb is not None and beats(x, tb, gain))
         # The baseline's cost where it has no timing: the worst measured latency there (only the
         # baseline is admissible on such a workload anyway).
         worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)

@@ -32,6 +32,7 @@ more, as a screened-out variant's first call still compiles).
 from __future__ import annotations
 
 import datetime
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -43,6 +44,7 @@ from kdispatch import provenance, registry
 from kdispatch.checks import PASSED, RUNTIME_ERROR, TIMEOUT, Verdict
 
 from . import gate
+from .stats import percentile
 from .timing import SLOW_US, Budget, Timing, eager_in_turns, measure, screen_us
 
 ROUTED_HINTED = "routed_hinted"  # bench pseudo-variant: the routed op given the workload's call-time hints
@@ -215,15 +217,16 @@ def run_job(job: Job, emit: Callable) -> None:
             emit("start", EAGER_TURNS, w["uuid"])  # a crash now blames none of the variants (tuner/pool.py)
             t_turns = time.perf_counter()
             try:
-                _eager_in_turns(definition, timed_rows, trials[0][0], budget, l2)
+                took = _eager_in_turns(definition, timed_rows, trials[0][0], budget, l2, job.extra.get("baseline"))
                 outcome = {"eager_turns_s": round(time.perf_counter() - t_turns, 3)}
             except gate.ContextLost:
                 _emit_timed(emit, w, timed_rows)
                 raise
             except Exception as exc:  # keep the probes' eager times, and say so
-                outcome = {"eager_turns": f"failed: {type(exc).__name__}: {exc}"[:300]}
-            for _name, verdict, *_ in timed_rows:
-                verdict.metrics.update(outcome)
+                took, outcome = {r[0] for r in timed_rows}, {"eager_turns": f"failed: {type(exc).__name__}: {exc}"[:300]}
+            for name, verdict, *_ in timed_rows:
+                if name in took:
+                    verdict.metrics.update(outcome)
             _emit_timed(emit, w, timed_rows)
         del trials
         if device.type == "cuda":
@@ -236,9 +239,14 @@ def _emit_timed(emit: Callable, w: dict, timed_rows: list) -> None:
     timed_rows.clear()
 
 
-def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2: int) -> None:
+def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2: int, baseline: str | None) -> set:
     """Replaces the eager times of the timed rows (and of a guarded baseline's guarded call) with
-    ones taken in turns (`timing.eager_in_turns`); rows at or over SLOW_US keep their probe's."""
+    ones taken in turns (`timing.eager_in_turns`) and returns their names; rows at or over SLOW_US
+    keep their probe's. Where
+    the `baseline` took its turns too, each other row also gets its calls' ratios to the baseline's
+    of the same round (metrics "eager_paired": median and 90th percentile): both met the same spell
+    of the host, so the ratio's spread is the comparison's own, not two calls' spreads added
+    (tuner/fit.py)."""
     fns, first = {}, {}
     for name, verdict, timing, timed, guarded in timed_rows:
         if timing.eager_us is not None and timing.eager_us < SLOW_US:
@@ -247,12 +255,18 @@ def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2:
             if guarded is not None and g and g.get("eager_us") is not None:
                 fns[(name, "guarded")], first[(name, "guarded")] = guarded, g["eager_us"]
     if not fns:
-        return
-    times = eager_in_turns(definition, fns, args, budget, l2, first)
+        return set()
+    samples = eager_in_turns(definition, fns, args, budget, l2, first)
+    times = {n: (statistics.median(x), percentile(x, 0.1), percentile(x, 0.9)) for n, x in samples.items()}
+    base = samples.get(baseline)
     for name, verdict, timing, *_ in timed_rows:
         cpu = timing.method == "cpu"  # there the eager time is the time
         if name in times:
             timing.eager_us, timing.eager_p10_us, timing.eager_p90_us = times[name]
+            if base is not None and name != baseline:  # round by round against the baseline's call
+                ratios = [v / b for v, b in zip(samples[name], base)]
+                verdict.metrics["eager_paired"] = {"baseline": baseline, "median": round(statistics.median(ratios), 4),
+                                                   "p90": round(percentile(ratios, 0.9), 4)}
             if cpu:
                 timing.median_us, timing.p10_us, timing.p90_us = times[name]
         if (name, "guarded") in times:
@@ -260,6 +274,7 @@ def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2:
             g["eager_us"], g["eager_p10_us"], g["eager_p90_us"] = times[(name, "guarded")]
             if cpu:
                 g["median_us"], g["p10_us"], g["p90_us"] = times[(name, "guarded")]
+    return {n for n in fns if isinstance(n, str)}
 
 
 def warm_job(job: Job, emit: Callable) -> None:

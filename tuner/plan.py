@@ -217,8 +217,8 @@ def make_jobs(plans: list[Plan], n_workers: int, device: str, quick: bool, trial
             part = ws[c::chunks]
             job = Job(p.definition, part, {w["uuid"]: by_uuid[w["uuid"]] for w in part}, device, quick, trials,
                       extra={"screen": screen, "baseline": p.baseline} if screen else {})
-            if eager_turns:
-                job.extra["eager_turns"] = True
+            if eager_turns:  # the baseline: what each variant's eager calls are paired with (tuner/job.py)
+                job.extra.update(eager_turns=True, baseline=p.baseline)
             if executor:
                 job.executor = executor
             jobs.append(job)

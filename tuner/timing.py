@@ -193,10 +193,10 @@ def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[s
 
 
 def eager_in_turns(definition: str, fns: dict[str, Callable], args, budget: Budget, l2_bytes: int,
-                   first: dict[str, float]) -> dict[str, tuple[float, float, float]]:
-    """name -> (median, p10, p90) eager µs of the callables (each already run on these inputs), timed
-    in turns (`eager_rounds_us`) on rotated input sets: about `eager_target_s` of calls each by their
-    first estimates `first` (µs), within `eager_min`..`eager_max` rounds."""
+                   first: dict[str, float]) -> dict[str, list[float]]:
+    """name -> eager µs of each round's call of the callables (each already run on these inputs),
+    timed in turns (`eager_rounds_us`) on rotated input sets: about `eager_target_s` of calls each by
+    their first estimates `first` (µs), within `eager_min`..`eager_max` rounds."""
     args = gate.private_copy(definition, args)
     sets = input_sets(definition, args, l2_bytes, budget.max_sets)
     mean = sum(first.values()) / max(len(first), 1)
@@ -204,8 +204,7 @@ def eager_in_turns(definition: str, fns: dict[str, Callable], args, budget: Budg
     with torch.no_grad():
         for fn in fns.values():  # each one's first call on these sets, outside the timer (as in `measure`)
             fn(*sets[0])
-        times = eager_rounds_us(fns, sets, rounds)
-    return {n: (statistics.median(x), percentile(x, 0.1), percentile(x, 0.9)) for n, x in times.items()}
+        return eager_rounds_us(fns, sets, rounds)
 
 
 def event_times_us(fn: Callable, sets: list, reps: int) -> list[float]:
