@@ -399,13 +399,23 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     flows.tune(tmp_path / "traces", eager_turns=True, **kw)
     rows = Store.open(store).results(NAME)
     assert rows and all("eager_turns_s" in r.metrics for r in rows)
+    # a row at or over SLOW_US keeps its own loop's eager time in a turns tune too: not a mix
+    import dataclasses
+
+    from kdispatch.tuner.timing import SLOW_US
+    slow = Store.open(store)
+    slow.put(dataclasses.replace(rows[0], uuid=rows[0].uuid + "-slow", eager_us=SLOW_US + 1.0,
+                                 metrics={k: v for k, v in rows[0].metrics.items() if k != "eager_turns_s"}))
     said = io.StringIO()
-    flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+    done = flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
     assert "eager times in turns" not in said.getvalue()
+    # a check says how the eager times it scored were taken (the README's held-out table names the ops)
+    assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "turns"
     registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
     try:
         flows.tune(tmp_path / "traces", **kw)  # the new variant alone, in its own loop
-        flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+        done = flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+        assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "mixed"
     finally:
         registry.unregister(NAME, "toy_twin")
     assert "toy_scale on CPU: 4 rows took their eager times in turns and 2 in each variant's own loop" in said.getvalue()

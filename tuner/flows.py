@@ -29,6 +29,7 @@ from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, p
 from .pool import Progress, clock, execute
 from .stats import MODES, beats, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug, stores_in
+from .timing import SLOW_US
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +340,10 @@ def check_routers(done, check: Store, stream, hints: dict | None = None) -> dict
         stale = _warn_stale(t, stream, "check")
         if stale:  # the check scores these variants' old code: the JSON says so
             out[d]["stale_variants"] = stale
+        # how the scored eager times were taken ("turns", "own loop" or "mixed"): regrets of the two differ
+        counts = _eager_protocols(t).values()
+        turns, own = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        out[d]["eager_protocol"] = "mixed" if turns and own else "turns" if turns else "own loop"
         rows = [(m, out[d][m]) for m in MODES] + [(f"{m} hinted", h) for m, h in out[d].get("hinted", {}).items()]
         for label, h in rows:
             if h.get("workloads"):
@@ -407,19 +412,28 @@ def _wins_anywhere(table, name: str, params) -> bool:
     return False
 
 
+def _eager_protocols(table) -> dict[str, tuple[int, int]]:
+    """device -> (rows whose eager times were taken in turns with the workload's other variants,
+    rows taken in each variant's own loop). Rows at or over SLOW_US keep their own loop's times in a
+    turns tune too (the host is noise at that size): they count as neither."""
+    out = {}
+    for e in table.devices:
+        rows = [r for r in table.on_device(e["device"]).rows.values()
+                if r.passed and r.eager_us is not None and r.eager_us < SLOW_US]
+        turns = sum(1 for r in rows if "eager_turns_s" in (r.metrics or {}))
+        out[e["device"]] = (turns, len(rows) - turns)
+    return out
+
+
 def _warn_mixed_eager(table, stream) -> bool:
-    """Warns where one device's rows of the table took their eager times both ways, in turns with
-    the workload's other variants (`tune --eager-turns`) and in each variant's own loop: a variant
-    measured in turns pays more host time per call (benchmarks/results/eager-protocol-H200.txt),
+    """Warns where one device's rows of the table took their eager times both ways (`_eager_protocols`):
+    a variant measured in turns pays more host time per call (benchmarks/results/eager-protocol-H200.txt),
     so the eager fit would compare unlike times. Returns whether it warned."""
     mixed = False
-    for e in table.devices:
-        rows = table.on_device(e["device"]).rows.values()
-        turns = sum(1 for r in rows if r.passed and "eager_turns_s" in (r.metrics or {}))
-        own = sum(1 for r in rows if r.passed and r.eager_us is not None and "eager_turns_s" not in (r.metrics or {}))
+    for device, (turns, own) in _eager_protocols(table).items():
         if turns and own:
             mixed = True
-            stream.write(f"[route] warning: {defs.get(table.definition).short} on {e['device']}: {turns} rows took "
+            stream.write(f"[route] warning: {defs.get(table.definition).short} on {device}: {turns} rows took "
                          f"their eager times in turns and {own} in each variant's own loop; the eager router "
                          "compares unlike times: re-measure the definition one way (`kdispatch tune --force`)\n")
     return mixed

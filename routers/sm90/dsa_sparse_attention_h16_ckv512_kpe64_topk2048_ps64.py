@@ -8,21 +8,21 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:55:24Z
+# measured    up to 2026-11-29T11:39:06Z
 # workloads   55 on each of 2 devices (workload-set digest 8966e5bbed16ab59)
 # baseline    flashmla_sparse
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashmla_sparse       c1753c656d506f3b  110/110  1.00x
-#   cuda_splitk.s1        269f495b0602c5e6  110/110  0.70x
-#   cuda_splitk.s16       ad5b84051cec1950  74/74  4.18x
+#   cuda_splitk.s1        269f495b0602c5e6  93/110  0.71x  [17 screened out]
+#   cuda_splitk.s16       ad5b84051cec1950  74/74  4.19x
 #   cuda_splitk.s2        77d532f5508e45bc  88/88  1.10x
 #   cuda_splitk.s4        3b3d2faa5ac9d64b  84/84  1.76x
-#   cuda_splitk.s64       4144c60a53f69e2b  64/64  4.67x
+#   cuda_splitk.s64       4144c60a53f69e2b  64/64  4.68x
 #   cuda_splitk.s8        793e93d5b90aac65  78/78  2.90x
 #   flashinfer_fa3        8f4b1c90701f4b2d  55/55  0.08x  [55 not graph-safe]
 #   reference             1ce1b87a23951010  55/55  0.22x
 #   triton_splitk.b32s64  ff41e540ecde982a  64/64  4.26x
-#   triton_splitk.b64s1   e47dc92f45005393  110/110  0.84x
+#   triton_splitk.b64s1   e47dc92f45005393  93/110  0.85x  [17 screened out]
 #   triton_splitk.b64s16  448f059404394aba  74/74  4.20x
 #   triton_splitk.b64s4   b77aa1f5f7d7e871  84/84  2.08x
 # configs     launch configurations the tuner measured as variants of their own
@@ -41,52 +41,48 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.30% mean, 49.56% max;
-#             1.182x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.04% mean, 76.53% max;
-#             1.308x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.67% mean, 21.28% max;
+#             1.173x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.55% mean, 74.09% max;
+#             1.386x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_tokens <= 4: cuda_splitk.s64, 26 workloads, 7.47x (5.36x .. 8.50x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   2. 4 < num_tokens <= 8: cuda_splitk.s16, 32 workloads, 4.99x (4.27x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   3. 8 < num_tokens <= 36: triton_splitk.b64s16, 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   4. 36 < num_tokens <= 68: triton_splitk.b64s4, 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
+#   1. num_tokens <= 4: cuda_splitk.s64, 26 workloads, 7.51x (5.36x .. 8.52x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   2. 4 < num_tokens <= 8: cuda_splitk.s16, 32 workloads, 5.00x (4.27x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   3. 8 < num_tokens <= 36: triton_splitk.b64s16, 12 workloads, 2.65x (1.57x .. 3.94x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   4. 36 < num_tokens <= 68: triton_splitk.b64s4, 4 workloads, 1.42x (1.29x .. 1.49x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
 #   5. 68 < num_tokens <= 118: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s4, cuda_splitk.s1, triton_splitk.b64s1, cuda_splitk.s8, cuda_splitk.s4, cuda_splitk.s2
-#   6. 127 < num_tokens <= 269: triton_splitk.b64s1, 6 workloads, 1.12x (1.05x .. 1.21x) over flashmla_sparse
-#   7. 269 < num_tokens <= 1056: flashmla_sparse (baseline), 10 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   8. num_tokens > 1056: triton_splitk.b64s1, 16 workloads, 1.11x (1.05x .. 1.13x) over flashmla_sparse
+#   6. 125 < num_tokens <= 269: triton_splitk.b64s1, 6 workloads, 1.12x (1.08x .. 1.21x) over flashmla_sparse
+#   7. 269 < num_tokens <= 1388: flashmla_sparse (baseline), 12 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   8. num_tokens > 1388: triton_splitk.b64s1, 14 workloads, 1.10x (1.03x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 1: cuda_splitk.s8, 4 workloads, 4.18x (3.18x .. 5.56x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s16, triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s2, triton_splitk.b64s4
-#   2. 1 < num_tokens <= 6: cuda_splitk.s16, 30 workloads, 3.80x (2.02x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1
-#   3. 6 < num_tokens <= 90: cuda_splitk.s8, 42 workloads, 3.10x (1.30x .. 7.34x) over flashmla_sparse; then triton_splitk.b64s4
-#   4. 90 < num_tokens <= 156: triton_splitk.b64s4, 4 workloads, 1.51x (1.41x .. 1.73x) over flashmla_sparse; then triton_splitk.b64s1
-#   5. 156 < num_tokens <= 269: triton_splitk.b64s1, 4 workloads, 1.62x (1.40x .. 1.95x) over flashmla_sparse; then triton_splitk.b64s4
-#   6. 269 < num_tokens <= 465: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s2, cuda_splitk.s1
-#   7. 465 < num_tokens <= 804: triton_splitk.b64s1, 4 workloads, 1.19x (1.08x .. 1.43x) over flashmla_sparse
-#   8. 804 < num_tokens <= 1388: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   9. num_tokens > 1388: triton_splitk.b64s1, 14 workloads, 1.08x (1.04x .. 1.13x) over flashmla_sparse
+#   1. num_tokens <= 8: cuda_splitk.s16, 58 workloads, 4.02x (2.61x .. 7.25x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s4, cuda_splitk.s64, triton_splitk.b64s4, cuda_splitk.s2
+#   2. 8 < num_tokens <= 18: cuda_splitk.s8, 6 workloads, 3.66x (3.10x .. 4.53x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, triton_splitk.b32s64, cuda_splitk.s2
+#   3. 18 < num_tokens <= 35: cuda_splitk.s16, 6 workloads, 2.83x (1.87x .. 3.95x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
+#   4. 35 < num_tokens <= 148: triton_splitk.b64s4, 10 workloads, 1.88x (1.37x .. 2.61x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   5. 148 < num_tokens <= 1056: triton_splitk.b64s1, 14 workloads, 1.44x (1.13x .. 1.95x) over flashmla_sparse
+#   6. 1056 < num_tokens <= 1824: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   7. num_tokens > 1824: triton_splitk.b64s1, 12 workloads, 1.09x (1.04x .. 1.13x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 4)}, 'workloads': 26, 'speedup': (5.36, 7.47, 8.5), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 8)}, 'workloads': 32, 'speedup': (4.27, 4.99, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 36)}, 'workloads': 12, 'speedup': (1.57, 2.65, 3.96), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (36, 68)}, 'workloads': 4, 'speedup': (1.29, 1.41, 1.5), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 4)}, 'workloads': 26, 'speedup': (5.36, 7.51, 8.52), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (4, 8)}, 'workloads': 32, 'speedup': (4.27, 5.0, 5.51), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 36)}, 'workloads': 12, 'speedup': (1.57, 2.65, 3.94), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (36, 68)}, 'workloads': 4, 'speedup': (1.29, 1.42, 1.49), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
     {'region': 5, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (68, 118)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (127, 269)}, 'workloads': 6, 'speedup': (1.05, 1.12, 1.21), 'fallbacks': ()},
-    {'region': 7, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 1056)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 8, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1056, None)}, 'workloads': 16, 'speedup': (1.05, 1.11, 1.13), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (125, 269)}, 'workloads': 6, 'speedup': (1.08, 1.12, 1.21), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 1388)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 8, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1388, None)}, 'workloads': 14, 'speedup': (1.03, 1.1, 1.13), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (None, 1)}, 'workloads': 4, 'speedup': (3.18, 4.18, 5.56), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s4')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (1, 6)}, 'workloads': 30, 'speedup': (2.02, 3.8, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (6, 90)}, 'workloads': 42, 'speedup': (1.3, 3.1, 7.34), 'fallbacks': ('triton_splitk.b64s4',)},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (90, 156)}, 'workloads': 4, 'speedup': (1.41, 1.51, 1.73), 'fallbacks': ('triton_splitk.b64s1',)},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (156, 269)}, 'workloads': 4, 'speedup': (1.4, 1.62, 1.95), 'fallbacks': ('triton_splitk.b64s4',)},
-    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 465)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s2', 'cuda_splitk.s1')},
-    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (465, 804)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.43), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (804, 1388)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 9, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1388, None)}, 'workloads': 14, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 8)}, 'workloads': 58, 'speedup': (2.61, 4.02, 7.25), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (8, 18)}, 'workloads': 6, 'speedup': (3.1, 3.66, 4.53), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (18, 35)}, 'workloads': 6, 'speedup': (1.87, 2.83, 3.95), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (35, 148)}, 'workloads': 10, 'speedup': (1.37, 1.88, 2.61), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (148, 1056)}, 'workloads': 14, 'speedup': (1.13, 1.44, 1.95), 'fallbacks': ()},
+    {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (1056, 1824)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1824, None)}, 'workloads': 12, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -94,60 +90,54 @@ MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned wor
 
 def route(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 26 workloads, 7.47x (5.36x .. 8.50x) over flashmla_sparse
+    # region 1: 26 workloads, 7.51x (5.36x .. 8.52x) over flashmla_sparse
     if num_tokens <= 4:
         return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
-    # region 2: 32 workloads, 4.99x (4.27x .. 5.51x) over flashmla_sparse
+    # region 2: 32 workloads, 5.00x (4.27x .. 5.51x) over flashmla_sparse
     if 4 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 3: 12 workloads, 2.65x (1.57x .. 3.96x) over flashmla_sparse
+    # region 3: 12 workloads, 2.65x (1.57x .. 3.94x) over flashmla_sparse
     if 8 < num_tokens <= 36:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
-    # region 4: 4 workloads, 1.41x (1.29x .. 1.50x) over flashmla_sparse
+    # region 4: 4 workloads, 1.42x (1.29x .. 1.49x) over flashmla_sparse
     if 36 < num_tokens <= 68:
         return ('triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4') if inside else 'triton_splitk.b64s4'
     # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 68 < num_tokens <= 118:
         return ('flashmla_sparse', 'triton_splitk.b64s4', 'cuda_splitk.s1', 'triton_splitk.b64s1', 'cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'flashmla_sparse'
-    # region 6: 6 workloads, 1.12x (1.05x .. 1.21x) over flashmla_sparse
-    if 127 < num_tokens <= 269:
+    # region 6: 6 workloads, 1.12x (1.08x .. 1.21x) over flashmla_sparse
+    if 125 < num_tokens <= 269:
         return 'triton_splitk.b64s1'
-    # region 7: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if 269 < num_tokens <= 1056:
+    # region 7: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if 269 < num_tokens <= 1388:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 8: 16 workloads, 1.11x (1.05x .. 1.13x) over flashmla_sparse
-    if num_tokens > 1056:
+    # region 8: 14 workloads, 1.10x (1.03x .. 1.13x) over flashmla_sparse
+    if num_tokens > 1388:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'
 
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.18x (3.18x .. 5.56x) over flashmla_sparse
-    if num_tokens <= 1:
-        return ('cuda_splitk.s8', 'cuda_splitk.s4', 'cuda_splitk.s16', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'triton_splitk.b64s4') if inside else 'cuda_splitk.s8'
-    # region 2: 30 workloads, 3.80x (2.02x .. 6.34x) over flashmla_sparse
-    if 1 < num_tokens <= 6:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1') if inside else 'cuda_splitk.s16'
-    # region 3: 42 workloads, 3.10x (1.30x .. 7.34x) over flashmla_sparse
-    if 6 < num_tokens <= 90:
-        return ('cuda_splitk.s8', 'triton_splitk.b64s4') if inside else 'cuda_splitk.s8'
-    # region 4: 4 workloads, 1.51x (1.41x .. 1.73x) over flashmla_sparse
-    if 90 < num_tokens <= 156:
-        return ('triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
-    # region 5: 4 workloads, 1.62x (1.40x .. 1.95x) over flashmla_sparse
-    if 156 < num_tokens <= 269:
-        return ('triton_splitk.b64s1', 'triton_splitk.b64s4') if inside else 'triton_splitk.b64s1'
-    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 269 < num_tokens <= 465:
-        return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s2', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 7: 4 workloads, 1.19x (1.08x .. 1.43x) over flashmla_sparse
-    if 465 < num_tokens <= 804:
+    # region 1: 58 workloads, 4.02x (2.61x .. 7.25x) over flashmla_sparse
+    if num_tokens <= 8:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
+    # region 2: 6 workloads, 3.66x (3.10x .. 4.53x) over flashmla_sparse
+    if 8 < num_tokens <= 18:
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s2') if inside else 'cuda_splitk.s8'
+    # region 3: 6 workloads, 2.83x (1.87x .. 3.95x) over flashmla_sparse
+    if 18 < num_tokens <= 35:
+        return ('cuda_splitk.s16', 'cuda_splitk.s4', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
+    # region 4: 10 workloads, 1.88x (1.37x .. 2.61x) over flashmla_sparse
+    if 35 < num_tokens <= 148:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+    # region 5: 14 workloads, 1.44x (1.13x .. 1.95x) over flashmla_sparse
+    if 148 < num_tokens <= 1056:
         return 'triton_splitk.b64s1'
-    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 804 < num_tokens <= 1388:
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 1056 < num_tokens <= 1824:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 9: 14 workloads, 1.08x (1.04x .. 1.13x) over flashmla_sparse
-    if num_tokens > 1388:
+    # region 7: 12 workloads, 1.09x (1.04x .. 1.13x) over flashmla_sparse
+    if num_tokens > 1824:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'

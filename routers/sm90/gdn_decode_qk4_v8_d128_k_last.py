@@ -8,22 +8,22 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:43:10Z
+# measured    up to 2026-11-29T11:37:44Z
 # workloads   99 on each of 2 devices (workload-set digest f838b075990bd261)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashinfer                  3d4afd2c8a0bab9b  198/198  1.00x
 #   cuda_decode_warp_rows.r1    e5afd561d9c826f5  198/198  1.22x
-#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  198/198  1.26x
+#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  198/198  1.27x
 #   cuda_decode_warp_rows.r2    9315130556d38308  198/198  1.25x
 #   cuda_decode_warp_rows.r2cs  fc925e5c76a947ee  198/198  1.31x
 #   cuda_decode_warp_rows.r4    f8066e6362d40cc4  198/198  1.25x
 #   cuda_decode_warp_rows.r4cs  5c39c62bb20df179  198/198  1.29x
 #   cuda_decode_warp_rows.r8    8a98854d236b876e  198/198  1.26x
 #   cuda_decode_warp_rows.r8cs  32bb8276e2b2a649  198/198  1.29x
-#   fla_fused_recurrent         7448799465d05766  198/198  0.71x
+#   fla_fused_recurrent         7448799465d05766  183/198  0.73x  [15 screened out]
 #   reference                   5a09af6b07ce4345  94/94  0.14x
-#   triton_decode_splitv        3bd9f75d107db99a  198/198  1.21x
+#   triton_decode_splitv        3bd9f75d107db99a  198/198  1.22x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_warp_rows.r1    rows=1 cs=False
 #   cuda_decode_warp_rows.r1cs  rows=1 cs=True
@@ -38,48 +38,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.82% mean, 10.79% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.72% mean, 10.79% max;
 #             1.064x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.12% mean, 103.37% max;
-#             1.531x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.63% mean, 103.37% max;
+#             1.743x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 24 workloads, 1.98x (1.87x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   2. 2 < batch_size <= 5: cuda_decode_warp_rows.r2cs, 22 workloads, 1.72x (1.59x .. 1.83x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   3. 5 < batch_size <= 59: cuda_decode_warp_rows.r8cs, 90 workloads, 1.29x (1.10x .. 1.58x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs
-#   4. 59 < batch_size <= 331: cuda_decode_warp_rows.r2cs, 44 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
-#   5. batch_size > 331: flashinfer (baseline), 18 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv, fla_fused_recurrent
+#   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 24 workloads, 1.99x (1.87x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
+#   2. 2 < batch_size <= 5: cuda_decode_warp_rows.r2cs, 22 workloads, 1.72x (1.59x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
+#   3. 5 < batch_size <= 58: cuda_decode_warp_rows.r8cs, 90 workloads, 1.29x (1.10x .. 1.57x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
+#   4. 58 < batch_size <= 331: cuda_decode_warp_rows.r2cs, 44 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
+#   5. batch_size > 331: flashinfer (baseline), 18 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 1: cuda_decode_warp_rows.r8, 22 workloads, 2.01x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs
-#   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r4cs, 22 workloads, 2.14x (1.26x .. 3.05x) over flashinfer; then cuda_decode_warp_rows.r2cs
-#   3. 4 < batch_size <= 10: cuda_decode_warp_rows.r2cs, 24 workloads, 2.04x (1.20x .. 3.85x) over flashinfer; then cuda_decode_warp_rows.r2
-#   4. 10 < batch_size <= 29: cuda_decode_warp_rows.r1cs, 30 workloads, 2.01x (1.30x .. 3.16x) over flashinfer; then cuda_decode_warp_rows.r2cs
-#   5. 29 < batch_size <= 47: cuda_decode_warp_rows.r4cs, 20 workloads, 1.85x (1.28x .. 2.55x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
-#   6. 47 < batch_size <= 63: cuda_decode_warp_rows.r2cs, 18 workloads, 1.69x (1.19x .. 3.51x) over flashinfer; then cuda_decode_warp_rows.r4cs
-#   7. 63 < batch_size <= 64: cuda_decode_warp_rows.r1cs, 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
-#   8. 64 < batch_size <= 556: cuda_decode_warp_rows.r2cs, 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
-#   9. 556 < batch_size <= 703: cuda_decode_warp_rows.r2, 4 workloads, 1.13x (1.10x .. 1.18x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
-#   10. batch_size > 703: cuda_decode_warp_rows.r2cs, 6 workloads, 1.17x (1.09x .. 1.45x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4
+#   1. batch_size <= 1: cuda_decode_warp_rows.r8, 22 workloads, 2.33x (1.35x .. 3.19x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs
+#   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r1, 22 workloads, 2.46x (1.28x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1cs
+#   3. 4 < batch_size <= 6: cuda_decode_warp_rows.r2, 4 workloads, 2.85x (2.58x .. 3.21x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
+#   4. 6 < batch_size <= 11: cuda_decode_warp_rows.r2cs, 22 workloads, 2.35x (1.29x .. 3.85x) over flashinfer; then cuda_decode_warp_rows.r2
+#   5. 11 < batch_size <= 65: cuda_decode_warp_rows.r8cs, 84 workloads, 2.19x (1.23x .. 3.54x) over flashinfer; then cuda_decode_warp_rows.r1cs
+#   6. 65 < batch_size <= 546: cuda_decode_warp_rows.r2cs, 34 workloads, 1.53x (1.09x .. 2.41x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
+#   7. 546 < batch_size <= 817: cuda_decode_warp_rows.r2, 6 workloads, 1.17x (1.11x .. 1.24x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs
+#   8. batch_size > 817: cuda_decode_warp_rows.r2cs, 4 workloads, 1.15x (1.09x .. 1.22x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 2)}, 'workloads': 24, 'speedup': (1.87, 1.98, 2.02), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (2, 5)}, 'workloads': 22, 'speedup': (1.59, 1.72, 1.83), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (5, 59)}, 'workloads': 90, 'speedup': (1.1, 1.29, 1.58), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (59, 331)}, 'workloads': 44, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (331, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 2)}, 'workloads': 24, 'speedup': (1.87, 1.99, 2.02), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (2, 5)}, 'workloads': 22, 'speedup': (1.59, 1.72, 1.84), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (5, 58)}, 'workloads': 90, 'speedup': (1.1, 1.29, 1.57), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (58, 331)}, 'workloads': 44, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
+    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (331, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 1)}, 'workloads': 22, 'speedup': (1.35, 2.01, 3.19), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (1, 4)}, 'workloads': 22, 'speedup': (1.26, 2.14, 3.05), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (4, 10)}, 'workloads': 24, 'speedup': (1.2, 2.04, 3.85), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (10, 29)}, 'workloads': 30, 'speedup': (1.3, 2.01, 3.16), 'fallbacks': ('cuda_decode_warp_rows.r2cs',)},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (29, 47)}, 'workloads': 20, 'speedup': (1.28, 1.85, 2.55), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (47, 63)}, 'workloads': 18, 'speedup': (1.19, 1.69, 3.51), 'fallbacks': ('cuda_decode_warp_rows.r4cs',)},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (63, 64)}, 'workloads': 18, 'speedup': (1.19, 1.62, 2.63), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (64, 556)}, 'workloads': 34, 'speedup': (1.09, 1.41, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (556, 703)}, 'workloads': 4, 'speedup': (1.1, 1.13, 1.18), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
-    {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (703, None)}, 'workloads': 6, 'speedup': (1.09, 1.17, 1.45), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 1)}, 'workloads': 22, 'speedup': (1.35, 2.33, 3.19), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (1, 4)}, 'workloads': 22, 'speedup': (1.28, 2.46, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (4, 6)}, 'workloads': 4, 'speedup': (2.58, 2.85, 3.21), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (6, 11)}, 'workloads': 22, 'speedup': (1.29, 2.35, 3.85), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 65)}, 'workloads': 84, 'speedup': (1.23, 2.19, 3.54), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 546)}, 'workloads': 34, 'speedup': (1.09, 1.53, 2.41), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (546, 817)}, 'workloads': 6, 'speedup': (1.11, 1.17, 1.24), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (817, None)}, 'workloads': 4, 'speedup': (1.09, 1.15, 1.22), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -87,54 +83,48 @@ MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned wor
 
 def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 24 workloads, 1.98x (1.87x .. 2.02x) over flashinfer
+    # region 1: 24 workloads, 1.99x (1.87x .. 2.02x) over flashinfer
     if batch_size <= 2:
         return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 2: 22 workloads, 1.72x (1.59x .. 1.83x) over flashinfer
+    # region 2: 22 workloads, 1.72x (1.59x .. 1.84x) over flashinfer
     if 2 < batch_size <= 5:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 3: 90 workloads, 1.29x (1.10x .. 1.58x) over flashinfer
-    if 5 < batch_size <= 59:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 3: 90 workloads, 1.29x (1.10x .. 1.57x) over flashinfer
+    if 5 < batch_size <= 58:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
     # region 4: 44 workloads, 1.08x (1.03x .. 1.12x) over flashinfer
-    if 59 < batch_size <= 331:
+    if 58 < batch_size <= 331:
         return 'cuda_decode_warp_rows.r2cs'
     # region 5: 18 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 331:
-        return ('flashinfer', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent') if inside else 'flashinfer'
+        return ('flashinfer', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'flashinfer'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 22 workloads, 2.01x (1.35x .. 3.19x) over flashinfer
+    # region 1: 22 workloads, 2.33x (1.35x .. 3.19x) over flashinfer
     if batch_size <= 1:
         return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r8'
-    # region 2: 22 workloads, 2.14x (1.26x .. 3.05x) over flashinfer
+    # region 2: 22 workloads, 2.46x (1.28x .. 3.73x) over flashinfer
     if 1 < batch_size <= 4:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 3: 24 workloads, 2.04x (1.20x .. 3.85x) over flashinfer
-    if 4 < batch_size <= 10:
+        return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r1'
+    # region 3: 4 workloads, 2.85x (2.58x .. 3.21x) over flashinfer
+    if 4 < batch_size <= 6:
+        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r2'
+    # region 4: 22 workloads, 2.35x (1.29x .. 3.85x) over flashinfer
+    if 6 < batch_size <= 11:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 4: 30 workloads, 2.01x (1.30x .. 3.16x) over flashinfer
-    if 10 < batch_size <= 29:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 5: 20 workloads, 1.85x (1.28x .. 2.55x) over flashinfer
-    if 29 < batch_size <= 47:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 6: 18 workloads, 1.69x (1.19x .. 3.51x) over flashinfer
-    if 47 < batch_size <= 63:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 7: 18 workloads, 1.62x (1.19x .. 2.63x) over flashinfer
-    if 63 < batch_size <= 64:
-        return 'cuda_decode_warp_rows.r1cs'
-    # region 8: 34 workloads, 1.41x (1.09x .. 2.28x) over flashinfer
-    if 64 < batch_size <= 556:
+    # region 5: 84 workloads, 2.19x (1.23x .. 3.54x) over flashinfer
+    if 11 < batch_size <= 65:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 6: 34 workloads, 1.53x (1.09x .. 2.41x) over flashinfer
+    if 65 < batch_size <= 546:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 9: 4 workloads, 1.13x (1.10x .. 1.18x) over flashinfer
-    if 556 < batch_size <= 703:
-        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2'
-    # region 10: 6 workloads, 1.17x (1.09x .. 1.45x) over flashinfer
-    if batch_size > 703:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 7: 6 workloads, 1.17x (1.11x .. 1.24x) over flashinfer
+    if 546 < batch_size <= 817:
+        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r2'
+    # region 8: 4 workloads, 1.15x (1.09x .. 1.22x) over flashinfer
+    if batch_size > 817:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2cs'
     return 'flashinfer'

@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:58:40Z
+# measured    up to 2026-11-29T11:42:10Z
 # workloads   21 on each of 2 devices (workload-set digest 5c2d412ecfeecb88)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -27,67 +27,113 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.01% mean, 21.59% max;
-#             0.999x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-#             below 1x: the regions it fitted lose to the baseline where they were not fitted,
-#             so every shape goes to the baseline
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.49% mean, 74.38% max;
-#             1.277x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.61% mean, 21.59% max;
+#             1.000x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.37% mean, 42.97% max;
+#             1.301x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. every shape: sglang_verify (baseline), 42 workloads
+#   1. num_seqs <= 1: cuda_verify_rows.r2, 6 workloads, 1.38x (1.23x .. 1.54x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 1 < num_seqs <= 2: cuda_verify_rows.r4, 4 workloads, 1.21x (1.11x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 2 < num_seqs <= 4: cuda_verify_rows.r8, 4 workloads, 1.15x (1.14x .. 1.16x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   4. 4 < num_seqs <= 13: cuda_verify_rows.r4, 4 workloads, 1.14x (1.07x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. 13 < num_seqs <= 25: cuda_verify_rows.r8, 6 workloads, 1.07x (1.06x .. 1.08x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   6. num_seqs > 25: sglang_verify (baseline), 18 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1 and cache_steps <= 6: cuda_verify_rows.r1, 4 workloads, 4.13x (3.50x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2
-#   2. num_seqs <= 176 and cache_steps > 6: cuda_verify_rows.r2, 4 workloads, 3.25x (2.48x .. 5.25x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r1
-#   3. 1 < num_seqs <= 176 and cache_steps <= 3: cuda_verify_rows.r4, 6 workloads, 2.36x (1.61x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   4. 1 < num_seqs <= 176 and 3 < cache_steps <= 6: cuda_verify_rows.r8, 20 workloads, 1.97x (1.17x .. 3.76x) over sglang_verify
-#   5. num_seqs > 176 and cache_steps <= 2: cuda_verify_rows.r8, 4 workloads, 1.15x (1.09x .. 1.22x) over sglang_verify
-#   6. num_seqs > 176 and cache_steps > 2: cuda_verify_rows.r4, 4 workloads, 1.11x (1.07x .. 1.15x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r1, 4 workloads, 3.79x (3.39x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2
+#   2. num_seqs <= 4 and cache_steps > 4: cuda_verify_rows.r4, 4 workloads, 3.68x (3.27x .. 4.97x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   3. 1 < num_seqs <= 72 and cache_steps <= 4: cuda_verify_rows.r4, 18 workloads, 2.25x (1.19x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   4. 4 < num_seqs <= 61 and cache_steps > 4: cuda_verify_rows.r8, 4 workloads, 2.28x (1.73x .. 2.79x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   5. 72 < num_seqs <= 176: cuda_verify_rows.r8, 4 workloads, 1.24x (1.20x .. 1.30x) over sglang_verify
+#   6. num_seqs > 176 and cache_steps <= 2: cuda_verify_rows.r8, 4 workloads, 1.21x (1.09x .. 1.31x) over sglang_verify; then cuda_verify_rows.r4
+#   7. num_seqs > 176 and cache_steps > 2: cuda_verify_rows.r4, 4 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'sglang_verify', 'bounds': {}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (1.23, 1.38, 1.54), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 2)}, 'workloads': 4, 'speedup': (1.11, 1.21, 1.34), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.14, 1.15, 1.16), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (4, 13)}, 'workloads': 4, 'speedup': (1.07, 1.14, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (13, 25)}, 'workloads': 6, 'speedup': (1.06, 1.07, 1.08), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 6, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 6), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (3.5, 4.13, 5.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (6, None), 'num_seqs': (None, 176)}, 'workloads': 4, 'speedup': (2.48, 3.25, 5.25), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (1, 176)}, 'workloads': 6, 'speedup': (1.61, 2.36, 4.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, 6), 'num_seqs': (1, 176)}, 'workloads': 20, 'speedup': (1.17, 1.97, 3.76), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 2), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.09, 1.15, 1.22), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (2, None), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.07, 1.11, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (3.39, 3.79, 5.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (3.27, 3.68, 4.97), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (1, 72)}, 'workloads': 18, 'speedup': (1.19, 2.25, 4.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (4, 61)}, 'workloads': 4, 'speedup': (1.73, 2.28, 2.79), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (72, 176)}, 'workloads': 4, 'speedup': (1.2, 1.24, 1.3), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 2), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.09, 1.21, 1.31), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 7, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (2, None), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.07, 1.15, 1.22), 'fallbacks': (), 'hand_back': True},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
+    inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
+    # region 1: 6 workloads, 1.38x (1.23x .. 1.54x) over sglang_verify's guarded call
+    if num_seqs <= 1:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
+    # region 2: 4 workloads, 1.21x (1.11x .. 1.34x) over sglang_verify's guarded call
+    if 1 < num_seqs <= 2:
+        return 'cuda_verify_rows.r4'
+    # region 3: 4 workloads, 1.15x (1.14x .. 1.16x) over sglang_verify's guarded call
+    if 2 < num_seqs <= 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 4: 4 workloads, 1.14x (1.07x .. 1.22x) over sglang_verify's guarded call
+    if 4 < num_seqs <= 13:
+        return 'cuda_verify_rows.r4'
+    # region 5: 6 workloads, 1.07x (1.06x .. 1.08x) over sglang_verify's guarded call
+    if 13 < num_seqs <= 25:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 6: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 25:
+        return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.13x (3.50x .. 5.09x) over sglang_verify
-    if num_seqs <= 1 and cache_steps <= 6:
+    # region 1: 4 workloads, 3.79x (3.39x .. 5.09x) over sglang_verify
+    if num_seqs <= 1 and cache_steps <= 4:
         return ('cuda_verify_rows.r1', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r1'
-    # region 2: 4 workloads, 3.25x (2.48x .. 5.25x) over sglang_verify
-    if num_seqs <= 176 and cache_steps > 6:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 3: 6 workloads, 2.36x (1.61x .. 4.09x) over sglang_verify
-    if 1 < num_seqs <= 176 and cache_steps <= 3:
+    # region 2: 4 workloads, 3.68x (3.27x .. 4.97x) over sglang_verify
+    if num_seqs <= 4 and cache_steps > 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
+    # region 3: 18 workloads, 2.25x (1.19x .. 4.09x) over sglang_verify
+    if 1 < num_seqs <= 72 and cache_steps <= 4:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    # region 4: 20 workloads, 1.97x (1.17x .. 3.76x) over sglang_verify
-    if 1 < num_seqs <= 176 and 3 < cache_steps <= 6:
+    # region 4: 4 workloads, 2.28x (1.73x .. 2.79x) over sglang_verify
+    if 4 < num_seqs <= 61 and cache_steps > 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 5: 4 workloads, 1.24x (1.20x .. 1.30x) over sglang_verify
+    if 72 < num_seqs <= 176:
         return 'cuda_verify_rows.r8'
-    # region 5: 4 workloads, 1.15x (1.09x .. 1.22x) over sglang_verify
+    # region 6: 4 workloads, 1.21x (1.09x .. 1.31x) over sglang_verify
     if num_seqs > 176 and cache_steps <= 2:
-        return 'cuda_verify_rows.r8'
-    # region 6: 4 workloads, 1.11x (1.07x .. 1.15x) over sglang_verify's guarded call
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 7: 4 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call
     if num_seqs > 176 and cache_steps > 2:
         return 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 
+def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
+    if num_seqs <= 1:  # region 1
+        return True
+    if 1 < num_seqs <= 2:  # region 2
+        return True
+    if 2 < num_seqs <= 4:  # region 3
+        return True
+    if 4 < num_seqs <= 13:  # region 4
+        return True
+    if 13 < num_seqs <= 25:  # region 5
+        return True
+    return False
+
+
 def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs > 176 and cache_steps > 2:  # region 6
+    if num_seqs > 176 and cache_steps > 2:  # region 7
         return True
     return False

@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:59:05Z
+# measured    up to 2026-11-29T11:42:37Z
 # workloads   21 on each of 2 devices (workload-set digest 88cd739e4da9998a)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -29,38 +29,38 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.93% mean, 31.67% max;
 #             1.013x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.30% mean, 70.07% max;
-#             2.504x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.41% mean, 39.24% max;
+#             2.520x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r2, 4 workloads, 1.81x (1.76x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   2. num_seqs <= 1 and cache_steps > 4: cuda_verify_rows.r2, 4 workloads, 1.10x (1.07x .. 1.13x) over sglang_verify; then cuda_verify_rows.r1
-#   3. 1 < num_seqs <= 13: cuda_verify_rows.r2, 10 workloads, 1.53x (1.29x .. 1.72x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   4. 13 < num_seqs <= 71: cuda_verify_rows.r4, 12 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   5. 71 < num_seqs <= 185: cuda_verify_rows.r8, 6 workloads, 1.13x (1.05x .. 1.36x) over sglang_verify
+#   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r2, 4 workloads, 1.78x (1.71x .. 1.87x) over sglang_verify's guarded call; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   2. num_seqs <= 1 and cache_steps > 4: cuda_verify_rows.r2, 4 workloads, 1.10x (1.07x .. 1.14x) over sglang_verify; then cuda_verify_rows.r1
+#   3. 1 < num_seqs <= 13: cuda_verify_rows.r2, 10 workloads, 1.53x (1.29x .. 1.70x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   4. 13 < num_seqs <= 71: cuda_verify_rows.r4, 12 workloads, 1.20x (1.07x .. 1.38x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. 71 < num_seqs <= 185: cuda_verify_rows.r8, 6 workloads, 1.14x (1.05x .. 1.37x) over sglang_verify
 #   6. num_seqs > 185: sglang_verify (baseline), 6 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 3 and cache_steps <= 3: cuda_verify_rows.r4, 4 workloads, 3.36x (2.63x .. 3.76x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   2. num_seqs <= 3 and cache_steps > 3: cuda_verify_rows.r2, 8 workloads, 3.95x (3.26x .. 5.23x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8
-#   3. 3 < num_seqs <= 13 and cache_steps <= 4: cuda_verify_rows.r1, 4 workloads, 4.37x (2.60x .. 5.59x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8
-#   4. num_seqs > 3 and cache_steps > 4: cuda_verify_rows.r8, 6 workloads, 2.34x (1.28x .. 3.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
-#   5. num_seqs > 13 and cache_steps <= 4: cuda_verify_rows.r4, 20 workloads, 2.60x (1.58x .. 5.19x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   1. num_seqs <= 2 and cache_steps <= 4: cuda_verify_rows.r2, 6 workloads, 3.75x (2.55x .. 5.23x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8
+#   2. num_seqs <= 2 and cache_steps > 4: cuda_verify_rows.r1, 4 workloads, 3.27x (2.50x .. 4.48x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8
+#   3. 2 < num_seqs <= 5: cuda_verify_rows.r1, 4 workloads, 3.49x (2.96x .. 4.58x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r8
+#   4. num_seqs > 5 and cache_steps <= 4: cuda_verify_rows.r4, 22 workloads, 2.63x (1.58x .. 5.19x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   5. num_seqs > 5 and cache_steps > 4: cuda_verify_rows.r8, 6 workloads, 2.38x (1.28x .. 3.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (1.76, 1.81, 1.87), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (1.07, 1.1, 1.13), 'fallbacks': ('cuda_verify_rows.r1',)},
-    {'region': 3, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (1, 13)}, 'workloads': 10, 'speedup': (1.29, 1.53, 1.72), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (13, 71)}, 'workloads': 12, 'speedup': (1.07, 1.19, 1.38), 'fallbacks': (), 'hand_back': True},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, 185)}, 'workloads': 6, 'speedup': (1.05, 1.13, 1.36), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (1.71, 1.78, 1.87), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (1.07, 1.1, 1.14), 'fallbacks': ('cuda_verify_rows.r1',)},
+    {'region': 3, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (1, 13)}, 'workloads': 10, 'speedup': (1.29, 1.53, 1.7), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (13, 71)}, 'workloads': 12, 'speedup': (1.07, 1.2, 1.38), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (71, 185)}, 'workloads': 6, 'speedup': (1.05, 1.14, 1.37), 'fallbacks': ()},
     {'region': 6, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (185, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (2.63, 3.36, 3.76), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (3.26, 3.95, 5.23), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (3, 13)}, 'workloads': 4, 'speedup': (2.6, 4.37, 5.59), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (3, None)}, 'workloads': 6, 'speedup': (1.28, 2.34, 3.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (13, None)}, 'workloads': 20, 'speedup': (1.58, 2.6, 5.19), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (2.55, 3.75, 5.23), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (2.5, 3.27, 4.48), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (2, 5)}, 'workloads': 4, 'speedup': (2.96, 3.49, 4.58), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (5, None)}, 'workloads': 22, 'speedup': (1.58, 2.63, 5.19), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (5, None)}, 'workloads': 6, 'speedup': (1.28, 2.38, 3.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -68,19 +68,19 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 1.81x (1.76x .. 1.87x) over sglang_verify's guarded call
+    # region 1: 4 workloads, 1.78x (1.71x .. 1.87x) over sglang_verify's guarded call
     if num_seqs <= 1 and cache_steps <= 4:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 2: 4 workloads, 1.10x (1.07x .. 1.13x) over sglang_verify
+    # region 2: 4 workloads, 1.10x (1.07x .. 1.14x) over sglang_verify
     if num_seqs <= 1 and cache_steps > 4:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 3: 10 workloads, 1.53x (1.29x .. 1.72x) over sglang_verify's guarded call
+    # region 3: 10 workloads, 1.53x (1.29x .. 1.70x) over sglang_verify's guarded call
     if 1 < num_seqs <= 13:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 4: 12 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call
+    # region 4: 12 workloads, 1.20x (1.07x .. 1.38x) over sglang_verify's guarded call
     if 13 < num_seqs <= 71:
         return 'cuda_verify_rows.r4'
-    # region 5: 6 workloads, 1.13x (1.05x .. 1.36x) over sglang_verify
+    # region 5: 6 workloads, 1.14x (1.05x .. 1.37x) over sglang_verify
     if 71 < num_seqs <= 185:
         return 'cuda_verify_rows.r8'
     # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
@@ -91,21 +91,21 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.36x (2.63x .. 3.76x) over sglang_verify
-    if num_seqs <= 3 and cache_steps <= 3:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    # region 2: 8 workloads, 3.95x (3.26x .. 5.23x) over sglang_verify
-    if num_seqs <= 3 and cache_steps > 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 3: 4 workloads, 4.37x (2.60x .. 5.59x) over sglang_verify
-    if 3 < num_seqs <= 13 and cache_steps <= 4:
+    # region 1: 6 workloads, 3.75x (2.55x .. 5.23x) over sglang_verify
+    if num_seqs <= 2 and cache_steps <= 4:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
+    # region 2: 4 workloads, 3.27x (2.50x .. 4.48x) over sglang_verify
+    if num_seqs <= 2 and cache_steps > 4:
         return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
-    # region 4: 6 workloads, 2.34x (1.28x .. 3.40x) over sglang_verify
-    if num_seqs > 3 and cache_steps > 4:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 5: 20 workloads, 2.60x (1.58x .. 5.19x) over sglang_verify
-    if num_seqs > 13 and cache_steps <= 4:
+    # region 3: 4 workloads, 3.49x (2.96x .. 4.58x) over sglang_verify
+    if 2 < num_seqs <= 5:
+        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
+    # region 4: 22 workloads, 2.63x (1.58x .. 5.19x) over sglang_verify
+    if num_seqs > 5 and cache_steps <= 4:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 5: 6 workloads, 2.38x (1.28x .. 3.40x) over sglang_verify
+    if num_seqs > 5 and cache_steps > 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 

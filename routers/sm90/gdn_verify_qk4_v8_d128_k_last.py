@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:59:33Z
+# measured    up to 2026-11-29T11:43:04Z
 # workloads   21 on each of 2 devices (workload-set digest b8ca02183363dca0)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -27,44 +27,44 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.43% mean, 15.66% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.44% mean, 15.95% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.12% mean, 70.80% max;
-#             2.057x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.33% mean, 69.19% max;
+#             2.095x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 6: cuda_verify_rows.r2, 16 workloads, 1.53x (1.23x .. 1.77x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 6 < num_seqs <= 13: cuda_verify_rows.r4, 4 workloads, 1.27x (1.18x .. 1.36x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 13 < num_seqs <= 25: cuda_verify_rows.r8, 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 6: cuda_verify_rows.r2, 16 workloads, 1.52x (1.23x .. 1.75x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 6 < num_seqs <= 13: cuda_verify_rows.r4, 4 workloads, 1.28x (1.18x .. 1.34x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 13 < num_seqs <= 25: cuda_verify_rows.r8, 4 workloads, 1.14x (1.12x .. 1.20x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. 25 < num_seqs <= 57: sglang_verify (baseline), 4 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   5. 57 < num_seqs <= 98: cuda_verify_rows.r4, 4 workloads, 1.09x (1.03x .. 1.18x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   5. 57 < num_seqs <= 98: cuda_verify_rows.r8, 4 workloads, 1.09x (1.04x .. 1.17x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   6. num_seqs > 98: sglang_verify (baseline), 10 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1: cuda_verify_rows.r2, 6 workloads, 4.04x (2.20x .. 6.41x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
-#   2. 1 < num_seqs <= 2: cuda_verify_rows.r4, 4 workloads, 3.43x (2.20x .. 5.45x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
-#   3. 2 < num_seqs <= 4: cuda_verify_rows.r1, 4 workloads, 3.96x (2.80x .. 5.56x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8, cuda_verify_rows.r4
-#   4. 4 < num_seqs <= 12: cuda_verify_rows.r4, 6 workloads, 3.38x (2.56x .. 4.40x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r1
-#   5. 12 < num_seqs <= 25: cuda_verify_rows.r2, 4 workloads, 2.96x (2.38x .. 3.65x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r1
-#   6. 25 < num_seqs <= 57: cuda_verify_rows.r4, 4 workloads, 2.30x (1.47x .. 4.27x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r8
-#   7. num_seqs > 57: cuda_verify_rows.r8, 14 workloads, 1.65x (1.20x .. 2.58x) over sglang_verify; then cuda_verify_rows.r2
+#   1. num_seqs <= 2 and cache_steps <= 3: cuda_verify_rows.r8, 4 workloads, 3.50x (2.38x .. 5.25x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   2. num_seqs <= 2 and cache_steps > 3: cuda_verify_rows.r2, 6 workloads, 3.70x (3.12x .. 6.06x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8
+#   3. 2 < num_seqs <= 4: cuda_verify_rows.r1, 4 workloads, 3.99x (3.05x .. 5.56x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r4
+#   4. 4 < num_seqs <= 18 and cache_steps <= 4: cuda_verify_rows.r8, 6 workloads, 3.18x (2.52x .. 3.81x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r2
+#   5. 4 < num_seqs <= 69 and cache_steps > 4: cuda_verify_rows.r4, 4 workloads, 2.59x (1.47x .. 4.40x) over sglang_verify; then cuda_verify_rows.r8
+#   6. 18 < num_seqs <= 69 and cache_steps <= 4: cuda_verify_rows.r4, 6 workloads, 2.47x (1.41x .. 4.27x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   7. num_seqs > 69: cuda_verify_rows.r4, 12 workloads, 1.58x (1.18x .. 1.94x) over sglang_verify; then cuda_verify_rows.r8
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 16, 'speedup': (1.23, 1.53, 1.77), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 13)}, 'workloads': 4, 'speedup': (1.18, 1.27, 1.36), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (13, 25)}, 'workloads': 4, 'speedup': (1.1, 1.14, 1.2), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 16, 'speedup': (1.23, 1.52, 1.75), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 13)}, 'workloads': 4, 'speedup': (1.18, 1.28, 1.34), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8'), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (13, 25)}, 'workloads': 4, 'speedup': (1.12, 1.14, 1.2), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, 57)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (57, 98)}, 'workloads': 4, 'speedup': (1.03, 1.09, 1.18), 'fallbacks': (), 'hand_back': True},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (57, 98)}, 'workloads': 4, 'speedup': (1.04, 1.09, 1.17), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 6, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (98, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (2.2, 4.04, 6.41), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 2)}, 'workloads': 4, 'speedup': (2.2, 3.43, 5.45), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (2.8, 3.96, 5.56), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (4, 12)}, 'workloads': 6, 'speedup': (2.56, 3.38, 4.4), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (12, 25)}, 'workloads': 4, 'speedup': (2.38, 2.96, 3.65), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1')},
-    {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (25, 57)}, 'workloads': 4, 'speedup': (1.47, 2.3, 4.27), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
-    {'region': 7, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (57, None)}, 'workloads': 14, 'speedup': (1.2, 1.65, 2.58), 'fallbacks': ('cuda_verify_rows.r2',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (2.38, 3.5, 5.25), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (3.12, 3.7, 6.06), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (3.05, 3.99, 5.56), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4')},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (4, 18)}, 'workloads': 6, 'speedup': (2.52, 3.18, 3.81), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (4, 69)}, 'workloads': 4, 'speedup': (1.47, 2.59, 4.4), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (18, 69)}, 'workloads': 6, 'speedup': (1.41, 2.47, 4.27), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 7, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (69, None)}, 'workloads': 12, 'speedup': (1.18, 1.58, 1.94), 'fallbacks': ('cuda_verify_rows.r8',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -72,21 +72,21 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 16 workloads, 1.53x (1.23x .. 1.77x) over sglang_verify's guarded call
+    # region 1: 16 workloads, 1.52x (1.23x .. 1.75x) over sglang_verify's guarded call
     if num_seqs <= 6:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 4 workloads, 1.27x (1.18x .. 1.36x) over sglang_verify's guarded call
+    # region 2: 4 workloads, 1.28x (1.18x .. 1.34x) over sglang_verify's guarded call
     if 6 < num_seqs <= 13:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 3: 4 workloads, 1.14x (1.10x .. 1.20x) over sglang_verify's guarded call
+    # region 3: 4 workloads, 1.14x (1.12x .. 1.20x) over sglang_verify's guarded call
     if 13 < num_seqs <= 25:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 25 < num_seqs <= 57:
         return ('sglang_verify', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
-    # region 5: 4 workloads, 1.09x (1.03x .. 1.18x) over sglang_verify's guarded call
+    # region 5: 4 workloads, 1.09x (1.04x .. 1.17x) over sglang_verify's guarded call
     if 57 < num_seqs <= 98:
-        return 'cuda_verify_rows.r4'
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 6: 10 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 98:
         return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
@@ -95,27 +95,27 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 4.04x (2.20x .. 6.41x) over sglang_verify
-    if num_seqs <= 1:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 2: 4 workloads, 3.43x (2.20x .. 5.45x) over sglang_verify
-    if 1 < num_seqs <= 2:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 3: 4 workloads, 3.96x (2.80x .. 5.56x) over sglang_verify
+    # region 1: 4 workloads, 3.50x (2.38x .. 5.25x) over sglang_verify
+    if num_seqs <= 2 and cache_steps <= 3:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r8'
+    # region 2: 6 workloads, 3.70x (3.12x .. 6.06x) over sglang_verify
+    if num_seqs <= 2 and cache_steps > 3:
+        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
+    # region 3: 4 workloads, 3.99x (3.05x .. 5.56x) over sglang_verify
     if 2 < num_seqs <= 4:
-        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r1'
-    # region 4: 6 workloads, 3.38x (2.56x .. 4.40x) over sglang_verify
-    if 4 < num_seqs <= 12:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
-    # region 5: 4 workloads, 2.96x (2.38x .. 3.65x) over sglang_verify
-    if 12 < num_seqs <= 25:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 6: 4 workloads, 2.30x (1.47x .. 4.27x) over sglang_verify
-    if 25 < num_seqs <= 57:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 7: 14 workloads, 1.65x (1.20x .. 2.58x) over sglang_verify
-    if num_seqs > 57:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r1'
+    # region 4: 6 workloads, 3.18x (2.52x .. 3.81x) over sglang_verify
+    if 4 < num_seqs <= 18 and cache_steps <= 4:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 5: 4 workloads, 2.59x (1.47x .. 4.40x) over sglang_verify
+    if 4 < num_seqs <= 69 and cache_steps > 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 6: 6 workloads, 2.47x (1.41x .. 4.27x) over sglang_verify
+    if 18 < num_seqs <= 69 and cache_steps <= 4:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 7: 12 workloads, 1.58x (1.18x .. 1.94x) over sglang_verify
+    if num_seqs > 69:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     return 'sglang_verify'
 
 

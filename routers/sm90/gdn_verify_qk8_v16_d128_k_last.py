@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:00:08Z
+# measured    up to 2026-11-29T11:43:37Z
 # workloads   20 on each of 2 devices (workload-set digest 2bf4f787c14069b8)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -27,34 +27,38 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.02% mean, 33.93% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.15% mean, 33.93% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.30% mean, 30.76% max;
-#             1.607x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.79% mean, 30.76% max;
+#             1.628x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 3: cuda_verify_rows.r2, 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 3 < num_seqs <= 28: cuda_verify_rows.r4, 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 3: cuda_verify_rows.r2, 10 workloads, 1.48x (1.36x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 3 < num_seqs <= 28: cuda_verify_rows.r4, 10 workloads, 1.14x (1.05x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   3. 28 < num_seqs <= 43: cuda_verify_rows.r8, 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. num_seqs > 43: sglang_verify (baseline), 16 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r4, 4 workloads, 4.37x (3.51x .. 5.49x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r2, cuda_verify_rows.r8
-#   2. 4 < cache_steps <= 7: cuda_verify_rows.r4, 6 workloads, 1.95x (1.28x .. 4.11x) over sglang_verify; then cuda_verify_rows.r8
-#   3. cache_steps > 7: cuda_verify_rows.r8, 4 workloads, 1.57x (1.06x .. 2.84x) over sglang_verify; then cuda_verify_rows.r4
-#   4. num_seqs > 1 and cache_steps <= 4: cuda_verify_rows.r8, 26 workloads, 2.17x (1.21x .. 3.90x) over sglang_verify; then cuda_verify_rows.r4
+#   1. num_seqs <= 2 and 3 < cache_steps <= 5: cuda_verify_rows.r4, 4 workloads, 3.77x (3.23x .. 5.49x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   2. num_seqs <= 27 and cache_steps <= 3: cuda_verify_rows.r4, 6 workloads, 2.93x (2.44x .. 3.71x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
+#   3. 5 < cache_steps <= 7: cuda_verify_rows.r4, 4 workloads, 2.04x (1.27x .. 4.11x) over sglang_verify; then cuda_verify_rows.r8
+#   4. cache_steps > 7: cuda_verify_rows.r8, 4 workloads, 1.83x (1.06x .. 3.01x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   5. num_seqs > 2 and 3 < cache_steps <= 5: cuda_verify_rows.r8, 18 workloads, 2.07x (1.21x .. 3.64x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   6. num_seqs > 27 and cache_steps <= 3: cuda_verify_rows.r8, 4 workloads, 1.51x (1.41x .. 1.66x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 10, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 28)}, 'workloads': 10, 'speedup': (1.06, 1.14, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 10, 'speedup': (1.36, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (3, 28)}, 'workloads': 10, 'speedup': (1.05, 1.14, 1.21), 'fallbacks': (), 'hand_back': True},
     {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (28, 43)}, 'workloads': 4, 'speedup': (1.03, 1.06, 1.09), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (3.51, 4.37, 5.49), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, 7)}, 'workloads': 6, 'speedup': (1.28, 1.95, 4.11), 'fallbacks': ('cuda_verify_rows.r8',)},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (7, None)}, 'workloads': 4, 'speedup': (1.06, 1.57, 2.84), 'fallbacks': ('cuda_verify_rows.r4',)},
-    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (1, None)}, 'workloads': 26, 'speedup': (1.21, 2.17, 3.9), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (3, 5), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (3.23, 3.77, 5.49), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 27)}, 'workloads': 6, 'speedup': (2.44, 2.93, 3.71), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (5, 7)}, 'workloads': 4, 'speedup': (1.27, 2.04, 4.11), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (7, None)}, 'workloads': 4, 'speedup': (1.06, 1.83, 3.01), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, 5), 'num_seqs': (2, None)}, 'workloads': 18, 'speedup': (1.21, 2.07, 3.64), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (27, None)}, 'workloads': 4, 'speedup': (1.41, 1.51, 1.66), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -62,10 +66,10 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call
+    # region 1: 10 workloads, 1.48x (1.36x .. 1.63x) over sglang_verify's guarded call
     if num_seqs <= 3:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 10 workloads, 1.14x (1.06x .. 1.21x) over sglang_verify's guarded call
+    # region 2: 10 workloads, 1.14x (1.05x .. 1.21x) over sglang_verify's guarded call
     if 3 < num_seqs <= 28:
         return 'cuda_verify_rows.r4'
     # region 3: 4 workloads, 1.06x (1.03x .. 1.09x) over sglang_verify's guarded call
@@ -79,18 +83,24 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.37x (3.51x .. 5.49x) over sglang_verify
-    if num_seqs <= 1 and cache_steps <= 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 2: 6 workloads, 1.95x (1.28x .. 4.11x) over sglang_verify
-    if 4 < cache_steps <= 7:
+    # region 1: 4 workloads, 3.77x (3.23x .. 5.49x) over sglang_verify
+    if num_seqs <= 2 and 3 < cache_steps <= 5:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
+    # region 2: 6 workloads, 2.93x (2.44x .. 3.71x) over sglang_verify
+    if num_seqs <= 27 and cache_steps <= 3:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
+    # region 3: 4 workloads, 2.04x (1.27x .. 4.11x) over sglang_verify
+    if 5 < cache_steps <= 7:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
-    # region 3: 4 workloads, 1.57x (1.06x .. 2.84x) over sglang_verify
+    # region 4: 4 workloads, 1.83x (1.06x .. 3.01x) over sglang_verify
     if cache_steps > 7:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
-    # region 4: 26 workloads, 2.17x (1.21x .. 3.90x) over sglang_verify
-    if num_seqs > 1 and cache_steps <= 4:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 5: 18 workloads, 2.07x (1.21x .. 3.64x) over sglang_verify
+    if num_seqs > 2 and 3 < cache_steps <= 5:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+    # region 6: 4 workloads, 1.51x (1.41x .. 1.66x) over sglang_verify
+    if num_seqs > 27 and cache_steps <= 3:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 

@@ -8,15 +8,15 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:01:06Z
+# measured    up to 2026-11-29T11:44:04Z
 # workloads   12 on each of 2 devices (workload-set digest 00c7a8e21c5c4da3)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  24/24  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  49.35x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  65.06x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  71.07x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  72.00x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  54.44x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  71.76x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  78.49x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  79.56x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -27,28 +27,24 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.45% mean, 3.94% max;
-#             28.663x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.50% mean, 18.60% max;
-#             26.703x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.67% mean, 3.94% max;
+#             29.973x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.65% mean, 5.31% max;
+#             26.769x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. every shape: cuda_verify_steps_rows.r8, 24 workloads, 71.99x (20.75x .. 358.29x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. every shape: cuda_verify_steps_rows.r8, 24 workloads, 79.56x (20.75x .. 397.03x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 8 and num_steps <= 3: cuda_verify_steps_rows.r4, 6 workloads, 54.40x (35.05x .. 66.39x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   2. num_seqs <= 52 and num_steps > 3: cuda_verify_steps_rows.r4, 6 workloads, 74.98x (28.96x .. 142.59x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   3. num_seqs > 8 and num_steps <= 3: cuda_verify_steps_rows.r8, 6 workloads, 24.14x (19.68x .. 38.81x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 52 and num_steps > 3: cuda_verify_steps_rows.r8, 6 workloads, 25.56x (22.68x .. 28.67x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 59: cuda_verify_steps_rows.r4, 14 workloads, 56.44x (25.31x .. 142.59x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. num_seqs > 59: cuda_verify_steps_rows.r8, 10 workloads, 23.19x (19.68x .. 27.55x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 24, 'speedup': (20.75, 71.99, 358.29), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 24, 'speedup': (20.75, 79.56, 397.03), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 8), 'num_steps': (None, 3)}, 'workloads': 6, 'speedup': (35.05, 54.4, 66.39), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 52), 'num_steps': (3, None)}, 'workloads': 6, 'speedup': (28.96, 74.98, 142.59), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (8, None), 'num_steps': (None, 3)}, 'workloads': 6, 'speedup': (19.68, 24.14, 38.81), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (52, None), 'num_steps': (3, None)}, 'workloads': 6, 'speedup': (22.68, 25.56, 28.67), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 59)}, 'workloads': 14, 'speedup': (25.31, 56.44, 142.59), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (59, None)}, 'workloads': 10, 'speedup': (19.68, 23.19, 27.55), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -56,22 +52,16 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 24 workloads, 71.99x (20.75x .. 358.29x) over reference
+    # region 1: 24 workloads, 79.56x (20.75x .. 397.03x) over reference
     return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 54.40x (35.05x .. 66.39x) over reference
-    if num_seqs <= 8 and num_steps <= 3:
+    # region 1: 14 workloads, 56.44x (25.31x .. 142.59x) over reference
+    if num_seqs <= 59:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
-    # region 2: 6 workloads, 74.98x (28.96x .. 142.59x) over reference
-    if num_seqs <= 52 and num_steps > 3:
-        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
-    # region 3: 6 workloads, 24.14x (19.68x .. 38.81x) over reference
-    if num_seqs > 8 and num_steps <= 3:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    # region 4: 6 workloads, 25.56x (22.68x .. 28.67x) over reference
-    if num_seqs > 52 and num_steps > 3:
+    # region 2: 10 workloads, 23.19x (19.68x .. 27.55x) over reference
+    if num_seqs > 59:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

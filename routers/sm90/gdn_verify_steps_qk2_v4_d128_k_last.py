@@ -8,15 +8,15 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:01:16Z
+# measured    up to 2026-11-29T11:45:01Z
 # workloads   12 on each of 2 devices (workload-set digest cf0ae08f837dd53e)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  24/24  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  143.14x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  159.66x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  167.44x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  166.37x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  135.89x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  151.49x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  159.18x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  158.04x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -27,32 +27,36 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.51% mean, 51.82% max;
-#             93.713x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.30% mean, 19.81% max;
-#             51.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.42% mean, 51.82% max;
+#             88.427x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.73% mean, 30.98% max;
+#             43.884x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 5: cuda_verify_steps_rows.r1, 8 workloads, 590.10x (470.05x .. 873.44x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. 5 < num_seqs <= 11: cuda_verify_steps_rows.r2, 4 workloads, 415.08x (276.35x .. 627.93x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
-#   3. num_seqs > 11: cuda_verify_steps_rows.r8, 12 workloads, 63.65x (31.70x .. 202.92x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 5: cuda_verify_steps_rows.r1, 8 workloads, 552.38x (470.05x .. 688.11x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. 5 < num_seqs <= 11: cuda_verify_steps_rows.r2, 4 workloads, 339.72x (276.35x .. 478.83x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
+#   3. num_seqs > 11: cuda_verify_steps_rows.r8, 12 workloads, 64.12x (31.70x .. 178.23x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 8 workloads, 86.79x (45.65x .. 216.05x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4
-#   2. 4 < num_seqs <= 15: cuda_verify_steps_rows.r2, 4 workloads, 96.33x (58.13x .. 176.17x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
-#   3. 15 < num_seqs <= 250: cuda_verify_steps_rows.r4, 8 workloads, 45.76x (23.07x .. 89.28x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 250: cuda_verify_steps_rows.r8, 4 workloads, 27.88x (25.32x .. 33.47x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3 and num_steps <= 3: cuda_verify_steps_rows.r8, 4 workloads, 51.63x (47.58x .. 61.31x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r2
+#   2. num_seqs <= 3 and num_steps > 3: cuda_verify_steps_rows.r1, 4 workloads, 87.98x (66.35x .. 122.52x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2
+#   3. 3 < num_seqs <= 18: cuda_verify_steps_rows.r2, 4 workloads, 75.69x (58.13x .. 101.19x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   4. 18 < num_seqs <= 74: cuda_verify_steps_rows.r8, 4 workloads, 61.38x (50.79x .. 71.97x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   5. 74 < num_seqs <= 250: cuda_verify_steps_rows.r4, 4 workloads, 29.47x (23.07x .. 41.53x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   6. num_seqs > 250: cuda_verify_steps_rows.r8, 4 workloads, 28.16x (25.32x .. 34.61x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (470.05, 590.1, 873.44), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (5, 11)}, 'workloads': 4, 'speedup': (276.35, 415.08, 627.93), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (11, None)}, 'workloads': 12, 'speedup': (31.7, 63.65, 202.92), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (470.05, 552.38, 688.11), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (5, 11)}, 'workloads': 4, 'speedup': (276.35, 339.72, 478.83), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (11, None)}, 'workloads': 12, 'speedup': (31.7, 64.12, 178.23), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 8, 'speedup': (45.65, 86.79, 216.05), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (4, 15)}, 'workloads': 4, 'speedup': (58.13, 96.33, 176.17), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (15, 250)}, 'workloads': 8, 'speedup': (23.07, 45.76, 89.28), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (250, None)}, 'workloads': 4, 'speedup': (25.32, 27.88, 33.47), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (None, 3), 'num_steps': (None, 3)}, 'workloads': 4, 'speedup': (47.58, 51.63, 61.31), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3), 'num_steps': (3, None)}, 'workloads': 4, 'speedup': (66.35, 87.98, 122.52), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (3, 18)}, 'workloads': 4, 'speedup': (58.13, 75.69, 101.19), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (18, 74)}, 'workloads': 4, 'speedup': (50.79, 61.38, 71.97), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 5, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (74, 250)}, 'workloads': 4, 'speedup': (23.07, 29.47, 41.53), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 6, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (250, None)}, 'workloads': 4, 'speedup': (25.32, 28.16, 34.61), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -60,13 +64,13 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 590.10x (470.05x .. 873.44x) over reference
+    # region 1: 8 workloads, 552.38x (470.05x .. 688.11x) over reference
     if num_seqs <= 5:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 4 workloads, 415.08x (276.35x .. 627.93x) over reference
+    # region 2: 4 workloads, 339.72x (276.35x .. 478.83x) over reference
     if 5 < num_seqs <= 11:
         return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
-    # region 3: 12 workloads, 63.65x (31.70x .. 202.92x) over reference
+    # region 3: 12 workloads, 64.12x (31.70x .. 178.23x) over reference
     if num_seqs > 11:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
@@ -74,16 +78,22 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 86.79x (45.65x .. 216.05x) over reference
-    if num_seqs <= 4:
-        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 4 workloads, 96.33x (58.13x .. 176.17x) over reference
-    if 4 < num_seqs <= 15:
-        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r2'
-    # region 3: 8 workloads, 45.76x (23.07x .. 89.28x) over reference
-    if 15 < num_seqs <= 250:
+    # region 1: 4 workloads, 51.63x (47.58x .. 61.31x) over reference
+    if num_seqs <= 3 and num_steps <= 3:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r8'
+    # region 2: 4 workloads, 87.98x (66.35x .. 122.52x) over reference
+    if num_seqs <= 3 and num_steps > 3:
+        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
+    # region 3: 4 workloads, 75.69x (58.13x .. 101.19x) over reference
+    if 3 < num_seqs <= 18:
+        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r2'
+    # region 4: 4 workloads, 61.38x (50.79x .. 71.97x) over reference
+    if 18 < num_seqs <= 74:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 5: 4 workloads, 29.47x (23.07x .. 41.53x) over reference
+    if 74 < num_seqs <= 250:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
-    # region 4: 4 workloads, 27.88x (25.32x .. 33.47x) over reference
+    # region 6: 4 workloads, 28.16x (25.32x .. 34.61x) over reference
     if num_seqs > 250:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

@@ -8,15 +8,15 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:01:37Z
+# measured    up to 2026-11-29T11:45:13Z
 # workloads   12 on each of 2 devices (workload-set digest 68f1843beac79dd4)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  24/24  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  102.38x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  122.35x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  130.23x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  128.76x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  117.72x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  140.75x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  149.77x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  148.27x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -27,24 +27,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.71% mean, 10.60% max;
-#             54.954x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.83% mean, 53.32% max;
-#             40.563x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.68% mean, 7.42% max;
+#             63.823x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.29% mean, 23.78% max;
+#             40.337x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 449.02x (329.71x .. 587.90x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
-#   2. num_seqs > 3: cuda_verify_steps_rows.r4, 16 workloads, 75.07x (25.63x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 8 workloads, 598.94x (329.71x .. 1254.71x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
+#   2. num_seqs > 3: cuda_verify_steps_rows.r4, 16 workloads, 80.11x (25.63x .. 418.42x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_steps_rows.r8, 24 workloads, 52.86x (20.91x .. 205.01x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 1: cuda_verify_steps_rows.r8, 4 workloads, 76.59x (50.47x .. 134.33x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r1
+#   2. 1 < num_seqs <= 7 and num_steps <= 5: cuda_verify_steps_rows.r4, 4 workloads, 69.39x (58.51x .. 78.80x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. num_seqs > 1 and num_steps > 5: cuda_verify_steps_rows.r8, 6 workloads, 53.74x (24.95x .. 95.19x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. num_seqs > 7 and num_steps <= 5: cuda_verify_steps_rows.r8, 10 workloads, 32.39x (20.91x .. 51.86x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (329.71, 449.02, 587.9), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, None)}, 'workloads': 16, 'speedup': (25.63, 75.07, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 8, 'speedup': (329.71, 598.94, 1254.71), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, None)}, 'workloads': 16, 'speedup': (25.63, 80.11, 418.42), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 24, 'speedup': (20.91, 52.86, 205.01), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (50.47, 76.59, 134.33), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (1, 7), 'num_steps': (None, 5)}, 'workloads': 4, 'speedup': (58.51, 69.39, 78.8), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, None), 'num_steps': (5, None)}, 'workloads': 6, 'speedup': (24.95, 53.74, 95.19), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (7, None), 'num_steps': (None, 5)}, 'workloads': 10, 'speedup': (20.91, 32.39, 51.86), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -52,10 +58,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 449.02x (329.71x .. 587.90x) over reference
+    # region 1: 8 workloads, 598.94x (329.71x .. 1254.71x) over reference
     if num_seqs <= 3:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 16 workloads, 75.07x (25.63x .. 321.44x) over reference
+    # region 2: 16 workloads, 80.11x (25.63x .. 418.42x) over reference
     if num_seqs > 3:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
     return 'reference'
@@ -63,5 +69,16 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 24 workloads, 52.86x (20.91x .. 205.01x) over reference
-    return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 1: 4 workloads, 76.59x (50.47x .. 134.33x) over reference
+    if num_seqs <= 1:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 2: 4 workloads, 69.39x (58.51x .. 78.80x) over reference
+    if 1 < num_seqs <= 7 and num_steps <= 5:
+        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 3: 6 workloads, 53.74x (24.95x .. 95.19x) over reference
+    if num_seqs > 1 and num_steps > 5:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 4: 10 workloads, 32.39x (20.91x .. 51.86x) over reference
+    if num_seqs > 7 and num_steps <= 5:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    return 'reference'

@@ -8,15 +8,15 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:02:11Z
+# measured    up to 2026-11-29T11:45:30Z
 # workloads   12 on each of 2 devices (workload-set digest c2ed5ad250f234d9)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  24/24  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  70.02x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  85.53x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  94.15x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  94.34x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  24/24  72.34x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  24/24  88.37x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  24/24  97.30x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  24/24  97.58x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -27,34 +27,36 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.46% mean, 22.64% max;
-#             37.667x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.44% mean, 70.46% max;
-#             30.331x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.48% mean, 22.77% max;
+#             38.816x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.69% mean, 77.97% max;
+#             29.997x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 6 workloads, 423.81x (351.87x .. 509.25x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
-#   2. 1 < num_seqs <= 7: cuda_verify_steps_rows.r8, 4 workloads, 251.93x (176.83x .. 346.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   3. 7 < num_seqs <= 42: cuda_verify_steps_rows.r4, 4 workloads, 82.73x (56.59x .. 123.08x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 42: cuda_verify_steps_rows.r8, 10 workloads, 29.75x (22.17x .. 42.62x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 6 workloads, 420.83x (351.87x .. 608.08x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
+#   2. 1 < num_seqs <= 7: cuda_verify_steps_rows.r8, 4 workloads, 255.45x (176.83x .. 418.77x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. 7 < num_seqs <= 41: cuda_verify_steps_rows.r4, 4 workloads, 91.51x (56.59x .. 168.78x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. num_seqs > 41: cuda_verify_steps_rows.r8, 10 workloads, 30.90x (22.17x .. 49.23x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 3 and num_steps <= 2: cuda_verify_steps_rows.r2, 4 workloads, 55.78x (43.62x .. 67.69x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
-#   2. num_seqs <= 3 and num_steps > 2: cuda_verify_steps_rows.r1, 4 workloads, 98.48x (74.79x .. 150.68x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
-#   3. num_seqs > 3 and num_steps <= 5: cuda_verify_steps_rows.r8, 10 workloads, 29.96x (20.54x .. 69.36x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 3 and num_steps > 5: cuda_verify_steps_rows.r4, 6 workloads, 38.65x (23.18x .. 66.98x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3 and num_steps <= 2: cuda_verify_steps_rows.r4, 4 workloads, 51.75x (47.83x .. 54.51x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8
+#   2. num_seqs <= 3 and num_steps > 2: cuda_verify_steps_rows.r1, 4 workloads, 81.66x (55.68x .. 108.80x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
+#   3. 3 < num_seqs <= 68 and num_steps <= 4: cuda_verify_steps_rows.r8, 4 workloads, 39.35x (26.29x .. 56.26x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   4. 3 < num_seqs <= 68 and num_steps > 4: cuda_verify_steps_rows.r4, 4 workloads, 48.27x (36.10x .. 63.58x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r1
+#   5. num_seqs > 68: cuda_verify_steps_rows.r8, 8 workloads, 23.68x (20.54x .. 27.29x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (351.87, 423.81, 509.25), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, 7)}, 'workloads': 4, 'speedup': (176.83, 251.93, 346.82), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (7, 42)}, 'workloads': 4, 'speedup': (56.59, 82.73, 123.08), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (42, None)}, 'workloads': 10, 'speedup': (22.17, 29.75, 42.62), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 6, 'speedup': (351.87, 420.83, 608.08), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, 7)}, 'workloads': 4, 'speedup': (176.83, 255.45, 418.77), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (7, 41)}, 'workloads': 4, 'speedup': (56.59, 91.51, 168.78), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (41, None)}, 'workloads': 10, 'speedup': (22.17, 30.9, 49.23), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (None, 3), 'num_steps': (None, 2)}, 'workloads': 4, 'speedup': (43.62, 55.78, 67.69), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3), 'num_steps': (2, None)}, 'workloads': 4, 'speedup': (74.79, 98.48, 150.68), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (3, None), 'num_steps': (None, 5)}, 'workloads': 10, 'speedup': (20.54, 29.96, 69.36), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, None), 'num_steps': (5, None)}, 'workloads': 6, 'speedup': (23.18, 38.65, 66.98), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 3), 'num_steps': (None, 2)}, 'workloads': 4, 'speedup': (47.83, 51.75, 54.51), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3), 'num_steps': (2, None)}, 'workloads': 4, 'speedup': (55.68, 81.66, 108.8), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (3, 68), 'num_steps': (None, 4)}, 'workloads': 4, 'speedup': (26.29, 39.35, 56.26), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 4, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, 68), 'num_steps': (4, None)}, 'workloads': 4, 'speedup': (36.1, 48.27, 63.58), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1')},
+    {'region': 5, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (68, None)}, 'workloads': 8, 'speedup': (20.54, 23.68, 27.29), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -62,33 +64,36 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 423.81x (351.87x .. 509.25x) over reference
+    # region 1: 6 workloads, 420.83x (351.87x .. 608.08x) over reference
     if num_seqs <= 1:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 4 workloads, 251.93x (176.83x .. 346.82x) over reference
+    # region 2: 4 workloads, 255.45x (176.83x .. 418.77x) over reference
     if 1 < num_seqs <= 7:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    # region 3: 4 workloads, 82.73x (56.59x .. 123.08x) over reference
-    if 7 < num_seqs <= 42:
+    # region 3: 4 workloads, 91.51x (56.59x .. 168.78x) over reference
+    if 7 < num_seqs <= 41:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
-    # region 4: 10 workloads, 29.75x (22.17x .. 42.62x) over reference
-    if num_seqs > 42:
+    # region 4: 10 workloads, 30.90x (22.17x .. 49.23x) over reference
+    if num_seqs > 41:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 55.78x (43.62x .. 67.69x) over reference
+    # region 1: 4 workloads, 51.75x (47.83x .. 54.51x) over reference
     if num_seqs <= 3 and num_steps <= 2:
-        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r2'
-    # region 2: 4 workloads, 98.48x (74.79x .. 150.68x) over reference
+        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r4'
+    # region 2: 4 workloads, 81.66x (55.68x .. 108.80x) over reference
     if num_seqs <= 3 and num_steps > 2:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
-    # region 3: 10 workloads, 29.96x (20.54x .. 69.36x) over reference
-    if num_seqs > 3 and num_steps <= 5:
+    # region 3: 4 workloads, 39.35x (26.29x .. 56.26x) over reference
+    if 3 < num_seqs <= 68 and num_steps <= 4:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    # region 4: 6 workloads, 38.65x (23.18x .. 66.98x) over reference
-    if num_seqs > 3 and num_steps > 5:
+    # region 4: 4 workloads, 48.27x (36.10x .. 63.58x) over reference
+    if 3 < num_seqs <= 68 and num_steps > 4:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 5: 8 workloads, 23.68x (20.54x .. 27.29x) over reference
+    if num_seqs > 68:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

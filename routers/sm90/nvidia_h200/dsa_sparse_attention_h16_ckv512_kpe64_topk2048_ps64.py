@@ -6,20 +6,20 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:55:24Z
+# measured    up to 2026-11-29T11:39:06Z
 # workloads   55 (workload-set digest c1f20485f26e185b)
 # baseline    flashmla_sparse
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashmla_sparse       c1753c656d506f3b  55/55  1.00x
-#   cuda_splitk.s1        269f495b0602c5e6  55/55  0.67x
-#   cuda_splitk.s16       ad5b84051cec1950  37/37  4.26x
-#   cuda_splitk.s2        77d532f5508e45bc  44/44  1.07x
+#   cuda_splitk.s1        269f495b0602c5e6  38/55  0.69x  [17 screened out]
+#   cuda_splitk.s16       ad5b84051cec1950  37/37  4.28x
+#   cuda_splitk.s2        77d532f5508e45bc  44/44  1.08x
 #   cuda_splitk.s4        3b3d2faa5ac9d64b  42/42  1.74x
-#   cuda_splitk.s64       4144c60a53f69e2b  32/32  4.82x
-#   cuda_splitk.s8        793e93d5b90aac65  39/39  2.88x
-#   triton_splitk.b32s64  ff41e540ecde982a  32/32  4.36x
-#   triton_splitk.b64s1   e47dc92f45005393  55/55  0.83x
-#   triton_splitk.b64s16  448f059404394aba  37/37  4.34x
+#   cuda_splitk.s64       4144c60a53f69e2b  32/32  4.84x
+#   cuda_splitk.s8        793e93d5b90aac65  39/39  2.90x
+#   triton_splitk.b32s64  ff41e540ecde982a  32/32  4.37x
+#   triton_splitk.b64s1   e47dc92f45005393  38/55  0.86x  [17 screened out]
+#   triton_splitk.b64s16  448f059404394aba  37/37  4.35x
 #   triton_splitk.b64s4   b77aa1f5f7d7e871  42/42  2.09x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_splitk.s1        cfg=(1, 2, 2)
@@ -37,40 +37,40 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.42% mean, 24.01% max;
-#             1.182x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.28% mean, 116.26% max;
-#             1.243x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.47% mean, 23.68% max;
+#             1.170x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.27% mean, 12.01% max;
+#             1.366x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_tokens <= 5: cuda_splitk.s64, 14 workloads, 7.41x (5.65x .. 8.50x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   2. 5 < num_tokens <= 8: cuda_splitk.s16, 15 workloads, 5.14x (4.76x .. 5.44x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   3. 8 < num_tokens <= 30: triton_splitk.b64s16, 5 workloads, 3.07x (2.18x .. 3.96x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
-#   4. 30 < num_tokens <= 68: triton_splitk.b64s4, 3 workloads, 1.51x (1.41x .. 1.64x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
-#   5. 68 < num_tokens <= 1056: flashmla_sparse (baseline), 10 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   6. num_tokens > 1056: triton_splitk.b64s1, 8 workloads, 1.09x (1.05x .. 1.13x) over flashmla_sparse
+#   1. num_tokens <= 5: cuda_splitk.s64, 14 workloads, 7.50x (5.71x .. 8.52x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   2. 5 < num_tokens <= 8: cuda_splitk.s16, 15 workloads, 5.15x (4.78x .. 5.43x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   3. 8 < num_tokens <= 30: triton_splitk.b64s16, 5 workloads, 3.09x (2.18x .. 3.94x) over flashmla_sparse; then cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
+#   4. 30 < num_tokens <= 68: triton_splitk.b64s4, 3 workloads, 1.52x (1.42x .. 1.65x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s2, cuda_splitk.s4
+#   5. 68 < num_tokens <= 1388: flashmla_sparse (baseline), 11 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   6. num_tokens > 1388: triton_splitk.b64s1, 7 workloads, 1.08x (1.03x .. 1.12x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 7: cuda_splitk.s16, 21 workloads, 3.38x (2.02x .. 5.66x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b32s64, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2
-#   2. 7 < num_tokens <= 79: cuda_splitk.s8, 17 workloads, 2.81x (1.30x .. 3.50x) over flashmla_sparse; then triton_splitk.b64s4, cuda_splitk.s1
-#   3. 79 < num_tokens <= 269: triton_splitk.b64s4, 4 workloads, 1.44x (1.36x .. 1.58x) over flashmla_sparse; then triton_splitk.b64s1
-#   4. 269 < num_tokens <= 1056: flashmla_sparse (baseline), 5 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
-#   5. num_tokens > 1056: triton_splitk.b64s1, 8 workloads, 1.08x (1.04x .. 1.19x) over flashmla_sparse
+#   1. num_tokens <= 37: cuda_splitk.s16, 35 workloads, 3.76x (2.33x .. 4.06x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2
+#   2. 37 < num_tokens <= 168: triton_splitk.b64s4, 5 workloads, 2.03x (1.55x .. 2.61x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   3. 168 < num_tokens <= 1388: triton_splitk.b64s1, 8 workloads, 1.31x (1.12x .. 1.54x) over flashmla_sparse
+#   4. 1388 < num_tokens <= 3150: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
+#   5. num_tokens > 3150: triton_splitk.b64s1, 4 workloads, 1.08x (1.07x .. 1.09x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 5)}, 'workloads': 14, 'speedup': (5.65, 7.41, 8.5), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (5, 8)}, 'workloads': 15, 'speedup': (4.76, 5.14, 5.44), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 30)}, 'workloads': 5, 'speedup': (2.18, 3.07, 3.96), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (30, 68)}, 'workloads': 3, 'speedup': (1.41, 1.51, 1.64), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
-    {'region': 5, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (68, 1056)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1056, None)}, 'workloads': 8, 'speedup': (1.05, 1.09, 1.13), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s64', 'bounds': {'num_tokens': (None, 5)}, 'workloads': 14, 'speedup': (5.71, 7.5, 8.52), 'fallbacks': ('triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (5, 8)}, 'workloads': 15, 'speedup': (4.78, 5.15, 5.43), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (8, 30)}, 'workloads': 5, 'speedup': (2.18, 3.09, 3.94), 'fallbacks': ('cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (30, 68)}, 'workloads': 3, 'speedup': (1.42, 1.52, 1.65), 'fallbacks': ('triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4')},
+    {'region': 5, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (68, 1388)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 6, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1388, None)}, 'workloads': 7, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 7)}, 'workloads': 21, 'speedup': (2.02, 3.38, 5.66), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 79)}, 'workloads': 17, 'speedup': (1.3, 2.81, 3.5), 'fallbacks': ('triton_splitk.b64s4', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (79, 269)}, 'workloads': 4, 'speedup': (1.36, 1.44, 1.58), 'fallbacks': ('triton_splitk.b64s1',)},
-    {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (269, 1056)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1056, None)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.19), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 37)}, 'workloads': 35, 'speedup': (2.33, 3.76, 4.06), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (37, 168)}, 'workloads': 5, 'speedup': (1.55, 2.03, 2.61), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 3, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (168, 1388)}, 'workloads': 8, 'speedup': (1.12, 1.31, 1.54), 'fallbacks': ()},
+    {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (1388, 3150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
+    {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (3150, None)}, 'workloads': 4, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ()},
 )
 
 MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned workloads
@@ -78,42 +78,42 @@ MEASURED = {'num_tokens': (1, 8192)}  # feature -> (min, max) over the tuned wor
 
 def route(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 14 workloads, 7.41x (5.65x .. 8.50x) over flashmla_sparse
+    # region 1: 14 workloads, 7.50x (5.71x .. 8.52x) over flashmla_sparse
     if num_tokens <= 5:
         return ('cuda_splitk.s64', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s64'
-    # region 2: 15 workloads, 5.14x (4.76x .. 5.44x) over flashmla_sparse
+    # region 2: 15 workloads, 5.15x (4.78x .. 5.43x) over flashmla_sparse
     if 5 < num_tokens <= 8:
         return ('cuda_splitk.s16', 'triton_splitk.b64s16', 'cuda_splitk.s64', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 3: 5 workloads, 3.07x (2.18x .. 3.96x) over flashmla_sparse
+    # region 3: 5 workloads, 3.09x (2.18x .. 3.94x) over flashmla_sparse
     if 8 < num_tokens <= 30:
         return ('triton_splitk.b64s16', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
-    # region 4: 3 workloads, 1.51x (1.41x .. 1.64x) over flashmla_sparse
+    # region 4: 3 workloads, 1.52x (1.42x .. 1.65x) over flashmla_sparse
     if 30 < num_tokens <= 68:
         return ('triton_splitk.b64s4', 'triton_splitk.b64s16', 'cuda_splitk.s2', 'cuda_splitk.s4') if inside else 'triton_splitk.b64s4'
-    # region 5: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if 68 < num_tokens <= 1056:
+    # region 5: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if 68 < num_tokens <= 1388:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 6: 8 workloads, 1.09x (1.05x .. 1.13x) over flashmla_sparse
-    if num_tokens > 1056:
+    # region 6: 7 workloads, 1.08x (1.03x .. 1.12x) over flashmla_sparse
+    if num_tokens > 1388:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'
 
 
 def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
-    # region 1: 21 workloads, 3.38x (2.02x .. 5.66x) over flashmla_sparse
-    if num_tokens <= 7:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
-    # region 2: 17 workloads, 2.81x (1.30x .. 3.50x) over flashmla_sparse
-    if 7 < num_tokens <= 79:
-        return ('cuda_splitk.s8', 'triton_splitk.b64s4', 'cuda_splitk.s1') if inside else 'cuda_splitk.s8'
-    # region 3: 4 workloads, 1.44x (1.36x .. 1.58x) over flashmla_sparse
-    if 79 < num_tokens <= 269:
-        return ('triton_splitk.b64s4', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
-    # region 4: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if 269 < num_tokens <= 1056:
+    # region 1: 35 workloads, 3.76x (2.33x .. 4.06x) over flashmla_sparse
+    if num_tokens <= 37:
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
+    # region 2: 5 workloads, 2.03x (1.55x .. 2.61x) over flashmla_sparse
+    if 37 < num_tokens <= 168:
+        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+    # region 3: 8 workloads, 1.31x (1.12x .. 1.54x) over flashmla_sparse
+    if 168 < num_tokens <= 1388:
+        return 'triton_splitk.b64s1'
+    # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 1388 < num_tokens <= 3150:
         return ('flashmla_sparse', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'flashmla_sparse'
-    # region 5: 8 workloads, 1.08x (1.04x .. 1.19x) over flashmla_sparse
-    if num_tokens > 1056:
+    # region 5: 4 workloads, 1.08x (1.07x .. 1.09x) over flashmla_sparse
+    if num_tokens > 3150:
         return 'triton_splitk.b64s1'
     return 'flashmla_sparse'

@@ -6,13 +6,13 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:45:29Z
+# measured    up to 2026-11-29T11:39:48Z
 # workloads   23 (workload-set digest 84426d1ae0265901)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_packed_decode         d3473e42cf4093b3  23/23  1.00x
 #   cuda_decode_pool_rows.r1     6c24f131db75434c  23/23  0.80x
-#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.05x
+#   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.06x
 #   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.01x
 #   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  0.80x
 #   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.11x
@@ -22,9 +22,9 @@
 #   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.13x
 #   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.11x
 #   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.11x
-#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  23/23  0.99x
+#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  23/23  1.00x
 #   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  23/23  1.07x
-#   triton_decode_pool.v32w1     93f6d57052337544  23/23  1.08x
+#   triton_decode_pool.v32w1     93f6d57052337544  23/23  1.09x
 #   triton_decode_pool.v32w1cs   7bce459d7ff17fac  23/23  1.08x
 #   triton_decode_pool.v32w2     0937b571f12424b0  23/23  1.03x
 #   triton_decode_pool.v8w1cs    7d8dbf81a7ba4ded  23/23  1.08x
@@ -51,36 +51,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.93% mean, 7.05% max;
-#             1.015x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.23% mean, 35.80% max;
-#             1.379x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.26% mean, 7.35% max;
+#             1.016x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.98% mean, 4.04% max;
+#             1.570x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 1.65x (1.52x .. 1.79x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
-#   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r8cs, 3 workloads, 1.28x (1.10x .. 1.43x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
-#   3. 7 < batch_size <= 56: cuda_decode_pool_rows.r4cs, 8 workloads, 1.14x (1.04x .. 1.26x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
-#   4. batch_size > 56: sglang_packed_decode (baseline), 9 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 1.65x (1.53x .. 1.80x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
+#   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r8cs, 3 workloads, 1.29x (1.10x .. 1.44x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
+#   3. 7 < batch_size <= 56: cuda_decode_pool_rows.r4cs, 8 workloads, 1.14x (1.04x .. 1.26x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1
+#   4. batch_size > 56: sglang_packed_decode (baseline), 9 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 3: cuda_decode_pool_rows.r16, 3 workloads, 3.01x (2.17x .. 4.64x) over sglang_packed_decode; then cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs
-#   2. 3 < batch_size <= 8: cuda_decode_pool_rows.r8cs, 4 workloads, 2.65x (2.40x .. 3.14x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs
-#   3. 8 < batch_size <= 68: cuda_decode_pool_rows.r4, 8 workloads, 2.18x (1.71x .. 2.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2
-#   4. 68 < batch_size <= 245: cuda_decode_pool_rows.r8, 5 workloads, 1.39x (1.18x .. 1.66x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs
-#   5. batch_size > 245: cuda_decode_pool_rows.r8, 3 workloads, 1.29x (1.07x .. 1.54x) over sglang_packed_decode's guarded call; then cuda_decode_pool_rows.r4, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs; engine plugins keep the engine's kernel (`hand_back`)
+#   1. batch_size <= 15: cuda_decode_pool_rows.r2, 9 workloads, 2.96x (2.40x .. 3.31x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs
+#   2. batch_size > 15: cuda_decode_pool_rows.r8, 14 workloads, 1.69x (1.04x .. 2.98x) over sglang_packed_decode; then triton_decode_pool.v32w1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (1.52, 1.65, 1.79), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 7)}, 'workloads': 3, 'speedup': (1.1, 1.28, 1.43), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (7, 56)}, 'workloads': 8, 'speedup': (1.04, 1.14, 1.26), 'fallbacks': ('cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs')},
-    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (56, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (1.53, 1.65, 1.8), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 7)}, 'workloads': 3, 'speedup': (1.1, 1.29, 1.44), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (7, 56)}, 'workloads': 8, 'speedup': (1.04, 1.14, 1.26), 'fallbacks': ('cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1')},
+    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (56, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r16', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.17, 3.01, 4.64), 'fallbacks': ('cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 8)}, 'workloads': 4, 'speedup': (2.4, 2.65, 3.14), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (8, 68)}, 'workloads': 8, 'speedup': (1.71, 2.18, 2.82), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (68, 245)}, 'workloads': 5, 'speedup': (1.18, 1.39, 1.66), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs')},
-    {'region': 5, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.07, 1.29, 1.54), 'fallbacks': ('cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs'), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 15)}, 'workloads': 9, 'speedup': (2.4, 2.96, 3.31), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (15, None)}, 'workloads': 14, 'speedup': (1.04, 1.69, 2.98), 'fallbacks': ('triton_decode_pool.v32w1',)},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -88,42 +82,27 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 1.65x (1.52x .. 1.79x) over sglang_packed_decode
+    # region 1: 3 workloads, 1.65x (1.53x .. 1.80x) over sglang_packed_decode
     if batch_size <= 3:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.28x (1.10x .. 1.43x) over sglang_packed_decode
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 2: 3 workloads, 1.29x (1.10x .. 1.44x) over sglang_packed_decode
     if 3 < batch_size <= 7:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r8cs'
+        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r8cs'
     # region 3: 8 workloads, 1.14x (1.04x .. 1.26x) over sglang_packed_decode
     if 7 < batch_size <= 56:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4cs'
     # region 4: 9 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 56:
-        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.01x (2.17x .. 4.64x) over sglang_packed_decode
-    if batch_size <= 3:
-        return ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r16'
-    # region 2: 4 workloads, 2.65x (2.40x .. 3.14x) over sglang_packed_decode
-    if 3 < batch_size <= 8:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 3: 8 workloads, 2.18x (1.71x .. 2.82x) over sglang_packed_decode
-    if 8 < batch_size <= 68:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2') if inside else 'cuda_decode_pool_rows.r4'
-    # region 4: 5 workloads, 1.39x (1.18x .. 1.66x) over sglang_packed_decode
-    if 68 < batch_size <= 245:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r8'
-    # region 5: 3 workloads, 1.29x (1.07x .. 1.54x) over sglang_packed_decode's guarded call
-    if batch_size > 245:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 1: 9 workloads, 2.96x (2.40x .. 3.31x) over sglang_packed_decode
+    if batch_size <= 15:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r2'
+    # region 2: 14 workloads, 1.69x (1.04x .. 2.98x) over sglang_packed_decode
+    if batch_size > 15:
+        return ('cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'
-
-
-def hand_back_eager(batch_size, num_slots):
-    if batch_size > 245:  # region 5
-        return True
-    return False

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:46:03Z
+# measured    up to 2026-11-29T11:40:18Z
 # workloads   23 (workload-set digest 21e50018f803e517)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -19,13 +19,13 @@
 #   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.35x
 #   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.94x
 #   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.40x
-#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.43x
-#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.28x
+#   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.44x
+#   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.27x
 #   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.35x
 #   triton_decode_pool.v16w1cs   38b13e68fc18cadc  23/23  1.10x
 #   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  23/23  1.25x
-#   triton_decode_pool.v32w1     93f6d57052337544  23/23  1.18x
-#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  23/23  1.21x
+#   triton_decode_pool.v32w1     93f6d57052337544  23/23  1.17x
+#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  23/23  1.20x
 #   triton_decode_pool.v32w2     0937b571f12424b0  23/23  1.16x
 #   triton_decode_pool.v8w1cs    7d8dbf81a7ba4ded  23/23  1.16x
 # configs     launch configurations the tuner measured as variants of their own
@@ -51,32 +51,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.84% mean, 6.00% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.78% mean, 6.25% max;
 #             1.155x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.44% mean, 41.65% max;
-#             2.440x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.56% mean, 7.58% max;
+#             2.739x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 5: cuda_decode_pool_rows.r1cs, 5 workloads, 2.05x (1.90x .. 2.19x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
-#   2. 5 < batch_size <= 245: cuda_decode_pool_rows.r4cs, 15 workloads, 1.38x (1.08x .. 1.84x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1
-#   3. batch_size > 245: triton_decode_pool.v8w1cs, 3 workloads, 1.07x (1.05x .. 1.10x) over sglang_packed_decode's guarded call; then triton_decode_pool.v32w1, triton_decode_pool.v32w1cs; engine plugins keep the engine's kernel (`hand_back`)
+#   1. batch_size <= 5: cuda_decode_pool_rows.r1cs, 5 workloads, 2.05x (1.91x .. 2.19x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
+#   2. 5 < batch_size <= 245: cuda_decode_pool_rows.r4cs, 15 workloads, 1.38x (1.08x .. 1.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1
+#   3. batch_size > 245: triton_decode_pool.v8w1cs, 3 workloads, 1.07x (1.05x .. 1.11x) over sglang_packed_decode's guarded call; then triton_decode_pool.v32w1, triton_decode_pool.v32w1cs; engine plugins keep the engine's kernel (`hand_back`)
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 6: cuda_decode_pool_rows.r2cs, 5 workloads, 3.33x (2.85x .. 5.62x) over sglang_packed_decode; then cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r4cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs
-#   2. 6 < batch_size <= 16: cuda_decode_pool_rows.r2, 5 workloads, 3.04x (2.91x .. 3.18x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs
-#   3. 16 < batch_size <= 63: cuda_decode_pool_rows.r4, 4 workloads, 3.46x (2.96x .. 4.19x) over sglang_packed_decode; then cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v8w1cs
-#   4. batch_size > 63: cuda_decode_pool_rows.r8, 9 workloads, 2.07x (1.43x .. 3.29x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2
+#   1. batch_size <= 4: cuda_decode_pool_rows.r1cs, 4 workloads, 3.52x (3.26x .. 4.06x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1
+#   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r4cs, 3 workloads, 3.61x (3.18x .. 4.64x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1
+#   3. 8 < batch_size <= 67: cuda_decode_pool_rows.r2, 8 workloads, 3.11x (2.53x .. 3.59x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v8w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w1
+#   4. batch_size > 67: cuda_decode_pool_rows.r8, 8 workloads, 2.30x (1.73x .. 3.94x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 5)}, 'workloads': 5, 'speedup': (1.9, 2.05, 2.19), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (5, 245)}, 'workloads': 15, 'speedup': (1.08, 1.38, 1.84), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1')},
-    {'region': 3, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.05, 1.07, 1.1), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs'), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 5)}, 'workloads': 5, 'speedup': (1.91, 2.05, 2.19), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (5, 245)}, 'workloads': 15, 'speedup': (1.08, 1.38, 1.83), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1')},
+    {'region': 3, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.05, 1.07, 1.11), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs'), 'hand_back': True},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (None, 6)}, 'workloads': 5, 'speedup': (2.85, 3.33, 5.62), 'fallbacks': ('cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (6, 16)}, 'workloads': 5, 'speedup': (2.91, 3.04, 3.18), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (16, 63)}, 'workloads': 4, 'speedup': (2.96, 3.46, 4.19), 'fallbacks': ('cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (63, None)}, 'workloads': 9, 'speedup': (1.43, 2.07, 3.29), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (3.26, 3.52, 4.06), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (3.18, 3.61, 4.64), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (8, 67)}, 'workloads': 8, 'speedup': (2.53, 3.11, 3.59), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (67, None)}, 'workloads': 8, 'speedup': (1.73, 2.3, 3.94), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -84,13 +84,13 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 2.05x (1.90x .. 2.19x) over sglang_packed_decode
+    # region 1: 5 workloads, 2.05x (1.91x .. 2.19x) over sglang_packed_decode
     if batch_size <= 5:
         return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r1cs'
-    # region 2: 15 workloads, 1.38x (1.08x .. 1.84x) over sglang_packed_decode
+    # region 2: 15 workloads, 1.38x (1.08x .. 1.83x) over sglang_packed_decode
     if 5 < batch_size <= 245:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 3: 3 workloads, 1.07x (1.05x .. 1.10x) over sglang_packed_decode's guarded call
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 3: 3 workloads, 1.07x (1.05x .. 1.11x) over sglang_packed_decode's guarded call
     if batch_size > 245:
         return ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs') if inside else 'triton_decode_pool.v8w1cs'
     return 'sglang_packed_decode'
@@ -98,18 +98,18 @@ def route(batch_size, num_slots):
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 3.33x (2.85x .. 5.62x) over sglang_packed_decode
-    if batch_size <= 6:
-        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r4cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r2cs'
-    # region 2: 5 workloads, 3.04x (2.91x .. 3.18x) over sglang_packed_decode
-    if 6 < batch_size <= 16:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 3: 4 workloads, 3.46x (2.96x .. 4.19x) over sglang_packed_decode
-    if 16 < batch_size <= 63:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 4: 9 workloads, 2.07x (1.43x .. 3.29x) over sglang_packed_decode
-    if batch_size > 63:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2') if inside else 'cuda_decode_pool_rows.r8'
+    # region 1: 4 workloads, 3.52x (3.26x .. 4.06x) over sglang_packed_decode
+    if batch_size <= 4:
+        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r1cs'
+    # region 2: 3 workloads, 3.61x (3.18x .. 4.64x) over sglang_packed_decode
+    if 4 < batch_size <= 8:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 3: 8 workloads, 3.11x (2.53x .. 3.59x) over sglang_packed_decode
+    if 8 < batch_size <= 67:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r2'
+    # region 4: 8 workloads, 2.30x (1.73x .. 3.94x) over sglang_packed_decode
+    if batch_size > 67:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'
 
 

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:46:38Z
+# measured    up to 2026-11-29T11:40:51Z
 # workloads   23 (workload-set digest e69aea6d14008f18)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,15 +15,15 @@
 #   cuda_decode_pool_rows.r16    064e195c49c2c3c2  23/23  1.14x
 #   cuda_decode_pool_rows.r16cs  e56f2eb259713cbc  23/23  1.10x
 #   cuda_decode_pool_rows.r1cs   a73240ef5b4a508a  23/23  1.03x
-#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  23/23  1.29x
+#   cuda_decode_pool_rows.r2     9df347aab7c1f9d4  22/23  1.30x  [1 screened out]
 #   cuda_decode_pool_rows.r2cs   577593acf9ddd0d0  23/23  1.26x
 #   cuda_decode_pool_rows.r32cs  f0765c61f8c6a856  23/23  0.94x
 #   cuda_decode_pool_rows.r4     af61e329927938a5  23/23  1.29x
 #   cuda_decode_pool_rows.r4cs   9300554853aacff5  23/23  1.32x
 #   cuda_decode_pool_rows.r8     a1b32f614c137f41  23/23  1.22x
-#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.26x
-#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  23/23  1.07x
-#   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  23/23  1.19x
+#   cuda_decode_pool_rows.r8cs   ee3a34f81ea136bf  23/23  1.27x
+#   triton_decode_pool.v16w1cs   38b13e68fc18cadc  22/23  1.08x  [1 screened out]
+#   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  23/23  1.18x
 #   triton_decode_pool.v32w1     93f6d57052337544  23/23  1.15x
 #   triton_decode_pool.v32w1cs   7bce459d7ff17fac  23/23  1.17x
 #   triton_decode_pool.v32w2     0937b571f12424b0  23/23  1.11x
@@ -51,38 +51,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.09% mean, 5.59% max;
-#             1.082x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.08% mean, 29.57% max;
-#             2.057x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.04% mean, 5.33% max;
+#             1.083x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.39% mean, 144.25% max;
+#             2.556x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 3: cuda_decode_pool_rows.r1cs, 3 workloads, 1.99x (1.87x .. 2.14x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
-#   2. 3 < batch_size <= 127: cuda_decode_pool_rows.r4cs, 14 workloads, 1.37x (1.09x .. 1.79x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1
-#   3. 127 < batch_size <= 245: triton_decode_pool.v8w1cs, 3 workloads, 1.05x (1.03x .. 1.06x) over sglang_packed_decode
-#   4. batch_size > 245: sglang_packed_decode (baseline), 3 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   2. 3 < batch_size <= 117: cuda_decode_pool_rows.r4cs, 14 workloads, 1.37x (1.11x .. 1.80x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1
+#   3. 117 < batch_size <= 245: triton_decode_pool.v8w1cs, 3 workloads, 1.05x (1.03x .. 1.07x) over sglang_packed_decode
+#   4. batch_size > 245: sglang_packed_decode (baseline), 3 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 3.34x (2.88x .. 4.66x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs
-#   2. 4 < batch_size <= 8: cuda_decode_pool_rows.r2, 3 workloads, 2.89x (2.81x .. 3.05x) over sglang_packed_decode; then cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs
-#   3. 8 < batch_size <= 32: cuda_decode_pool_rows.r4, 5 workloads, 2.89x (2.37x .. 3.90x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1
-#   4. 32 < batch_size <= 66: cuda_decode_pool_rows.r16, 3 workloads, 2.91x (2.78x .. 3.12x) over sglang_packed_decode; then cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs
-#   5. 66 < batch_size <= 136: cuda_decode_pool_rows.r4, 3 workloads, 2.48x (1.89x .. 3.20x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
-#   6. batch_size > 136: cuda_decode_pool_rows.r16, 5 workloads, 1.45x (1.16x .. 2.21x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs
+#   1. batch_size <= 5: cuda_decode_pool_rows.r1cs, 5 workloads, 3.81x (3.36x .. 4.64x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs
+#   2. 5 < batch_size <= 12: cuda_decode_pool_rows.r2, 3 workloads, 3.43x (3.24x .. 3.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs
+#   3. batch_size > 12: cuda_decode_pool_rows.r8, 15 workloads, 2.67x (1.42x .. 4.70x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (1.87, 1.99, 2.14), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (3, 127)}, 'workloads': 14, 'speedup': (1.09, 1.37, 1.79), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1')},
-    {'region': 3, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (127, 245)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.06), 'fallbacks': ()},
-    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (3, 117)}, 'workloads': 14, 'speedup': (1.11, 1.37, 1.8), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1')},
+    {'region': 3, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (117, 245)}, 'workloads': 3, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
+    {'region': 4, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (2.88, 3.34, 4.66), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (4, 8)}, 'workloads': 3, 'speedup': (2.81, 2.89, 3.05), 'fallbacks': ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (8, 32)}, 'workloads': 5, 'speedup': (2.37, 2.89, 3.9), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r16', 'bounds': {'batch_size': (32, 66)}, 'workloads': 3, 'speedup': (2.78, 2.91, 3.12), 'fallbacks': ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs')},
-    {'region': 5, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (66, 136)}, 'workloads': 3, 'speedup': (1.89, 2.48, 3.2), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 6, 'variant': 'cuda_decode_pool_rows.r16', 'bounds': {'batch_size': (136, None)}, 'workloads': 5, 'speedup': (1.16, 1.45, 2.21), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r1cs', 'bounds': {'batch_size': (None, 5)}, 'workloads': 5, 'speedup': (3.36, 3.81, 4.64), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (5, 12)}, 'workloads': 3, 'speedup': (3.24, 3.43, 3.82), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (12, None)}, 'workloads': 15, 'speedup': (1.42, 2.67, 4.7), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -93,36 +87,27 @@ def route(batch_size, num_slots):
     # region 1: 3 workloads, 1.99x (1.87x .. 2.14x) over sglang_packed_decode
     if batch_size <= 3:
         return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r16', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r1cs'
-    # region 2: 14 workloads, 1.37x (1.09x .. 1.79x) over sglang_packed_decode
-    if 3 < batch_size <= 127:
-        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 3: 3 workloads, 1.05x (1.03x .. 1.06x) over sglang_packed_decode
-    if 127 < batch_size <= 245:
+    # region 2: 14 workloads, 1.37x (1.11x .. 1.80x) over sglang_packed_decode
+    if 3 < batch_size <= 117:
+        return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4cs'
+    # region 3: 3 workloads, 1.05x (1.03x .. 1.07x) over sglang_packed_decode
+    if 117 < batch_size <= 245:
         return 'triton_decode_pool.v8w1cs'
     # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 245:
-        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+        return ('sglang_packed_decode', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.34x (2.88x .. 4.66x) over sglang_packed_decode
-    if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 2: 3 workloads, 2.89x (2.81x .. 3.05x) over sglang_packed_decode
-    if 4 < batch_size <= 8:
-        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 3: 5 workloads, 2.89x (2.37x .. 3.90x) over sglang_packed_decode
-    if 8 < batch_size <= 32:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r4'
-    # region 4: 3 workloads, 2.91x (2.78x .. 3.12x) over sglang_packed_decode
-    if 32 < batch_size <= 66:
-        return ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r16'
-    # region 5: 3 workloads, 2.48x (1.89x .. 3.20x) over sglang_packed_decode
-    if 66 < batch_size <= 136:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 6: 5 workloads, 1.45x (1.16x .. 2.21x) over sglang_packed_decode
-    if batch_size > 136:
-        return ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r16'
+    # region 1: 5 workloads, 3.81x (3.36x .. 4.64x) over sglang_packed_decode
+    if batch_size <= 5:
+        return ('cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r1cs'
+    # region 2: 3 workloads, 3.43x (3.24x .. 3.82x) over sglang_packed_decode
+    if 5 < batch_size <= 12:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r2'
+    # region 3: 15 workloads, 2.67x (1.42x .. 4.70x) over sglang_packed_decode
+    if batch_size > 12:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:47:19Z
+# measured    up to 2026-11-29T11:41:27Z
 # workloads   23 (workload-set digest d6fd870b0f627030)
 # baseline    sglang_packed_decode
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -25,8 +25,8 @@
 #   triton_decode_pool.v16w1cs   38b13e68fc18cadc  23/23  1.04x
 #   triton_decode_pool.v16w2cs   8e5bf1c52a9e06df  23/23  1.13x
 #   triton_decode_pool.v32w1     93f6d57052337544  23/23  1.12x
-#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  23/23  1.13x
-#   triton_decode_pool.v32w2     0937b571f12424b0  23/23  1.07x
+#   triton_decode_pool.v32w1cs   7bce459d7ff17fac  23/23  1.12x
+#   triton_decode_pool.v32w2     0937b571f12424b0  23/23  1.08x
 #   triton_decode_pool.v8w1cs    7d8dbf81a7ba4ded  23/23  1.11x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_pool_rows.r1     rows=1 cs=False
@@ -51,34 +51,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.64% mean, 3.52% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.67% mean, 3.60% max;
 #             1.042x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.10% mean, 31.22% max;
-#             1.686x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.33% mean, 3.13% max;
+#             2.151x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 56: cuda_decode_pool_rows.r4cs, 14 workloads, 1.40x (1.11x .. 1.92x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
-#   2. 56 < batch_size <= 117: triton_decode_pool.v8w1cs, 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode
-#   3. batch_size > 117: sglang_packed_decode (baseline), 6 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
+#   1. batch_size <= 68: cuda_decode_pool_rows.r4cs, 15 workloads, 1.38x (1.09x .. 1.91x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
+#   2. 68 < batch_size <= 142: triton_decode_pool.v8w1cs, 3 workloads, 1.04x (1.04x .. 1.05x) over sglang_packed_decode; then triton_decode_pool.v32w1
+#   3. batch_size > 142: sglang_packed_decode (baseline), 5 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 4: cuda_decode_pool_rows.r4, 4 workloads, 3.70x (2.85x .. 5.29x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs
-#   2. 4 < batch_size <= 15: cuda_decode_pool_rows.r8cs, 5 workloads, 2.61x (2.34x .. 2.85x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs
-#   3. 15 < batch_size <= 32: cuda_decode_pool_rows.r2cs, 3 workloads, 2.69x (2.09x .. 3.16x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1
-#   4. 32 < batch_size <= 253: cuda_decode_pool_rows.r4, 8 workloads, 1.89x (1.22x .. 3.07x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs
-#   5. batch_size > 253: cuda_decode_pool_rows.r16, 3 workloads, 1.20x (1.13x .. 1.28x) over sglang_packed_decode; then triton_decode_pool.v8w1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, triton_decode_pool.v32w2, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs
+#   1. batch_size <= 32: cuda_decode_pool_rows.r2, 12 workloads, 3.41x (2.81x .. 4.47x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1
+#   2. batch_size > 32: cuda_decode_pool_rows.r8, 11 workloads, 2.01x (1.40x .. 3.42x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 56)}, 'workloads': 14, 'speedup': (1.11, 1.4, 1.92), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs')},
-    {'region': 2, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (56, 117)}, 'workloads': 3, 'speedup': (1.04, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (117, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 68)}, 'workloads': 15, 'speedup': (1.09, 1.38, 1.91), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs')},
+    {'region': 2, 'variant': 'triton_decode_pool.v8w1cs', 'bounds': {'batch_size': (68, 142)}, 'workloads': 3, 'speedup': (1.04, 1.04, 1.05), 'fallbacks': ('triton_decode_pool.v32w1',)},
+    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (142, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (None, 4)}, 'workloads': 4, 'speedup': (2.85, 3.7, 5.29), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (4, 15)}, 'workloads': 5, 'speedup': (2.34, 2.61, 2.85), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (15, 32)}, 'workloads': 3, 'speedup': (2.09, 2.69, 3.16), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r4', 'bounds': {'batch_size': (32, 253)}, 'workloads': 8, 'speedup': (1.22, 1.89, 3.07), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs')},
-    {'region': 5, 'variant': 'cuda_decode_pool_rows.r16', 'bounds': {'batch_size': (253, None)}, 'workloads': 3, 'speedup': (1.13, 1.2, 1.28), 'fallbacks': ('triton_decode_pool.v8w1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs')},
+    {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 32)}, 'workloads': 12, 'speedup': (2.81, 3.41, 4.47), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, None)}, 'workloads': 11, 'speedup': (1.4, 2.01, 3.42), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -86,33 +80,24 @@ MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned work
 
 def route(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 14 workloads, 1.40x (1.11x .. 1.92x) over sglang_packed_decode
-    if batch_size <= 56:
+    # region 1: 15 workloads, 1.38x (1.09x .. 1.91x) over sglang_packed_decode
+    if batch_size <= 68:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 3 workloads, 1.05x (1.04x .. 1.07x) over sglang_packed_decode
-    if 56 < batch_size <= 117:
-        return 'triton_decode_pool.v8w1cs'
-    # region 3: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size > 117:
-        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
+    # region 2: 3 workloads, 1.04x (1.04x .. 1.05x) over sglang_packed_decode
+    if 68 < batch_size <= 142:
+        return ('triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1') if inside else 'triton_decode_pool.v8w1cs'
+    # region 3: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 142:
+        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 
 def route_eager(batch_size, num_slots):
     inside = 1 <= batch_size <= 512  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.70x (2.85x .. 5.29x) over sglang_packed_decode
-    if batch_size <= 4:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 2: 5 workloads, 2.61x (2.34x .. 2.85x) over sglang_packed_decode
-    if 4 < batch_size <= 15:
-        return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 3: 3 workloads, 2.69x (2.09x .. 3.16x) over sglang_packed_decode
-    if 15 < batch_size <= 32:
-        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r2cs'
-    # region 4: 8 workloads, 1.89x (1.22x .. 3.07x) over sglang_packed_decode
-    if 32 < batch_size <= 253:
-        return ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r4'
-    # region 5: 3 workloads, 1.20x (1.13x .. 1.28x) over sglang_packed_decode
-    if batch_size > 253:
-        return ('cuda_decode_pool_rows.r16', 'triton_decode_pool.v8w1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w2', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r16'
+    # region 1: 12 workloads, 3.41x (2.81x .. 4.47x) over sglang_packed_decode
+    if batch_size <= 32:
+        return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r2'
+    # region 2: 11 workloads, 2.01x (1.40x .. 3.42x) over sglang_packed_decode
+    if batch_size > 32:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'

@@ -6,20 +6,20 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T07:43:10Z
+# measured    up to 2026-11-29T11:37:44Z
 # workloads   99 (workload-set digest 0c759375a186e4ca)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashinfer                  3d4afd2c8a0bab9b  99/99  1.00x
 #   cuda_decode_warp_rows.r1    e5afd561d9c826f5  99/99  1.20x
-#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  99/99  1.24x
-#   cuda_decode_warp_rows.r2    9315130556d38308  99/99  1.26x
+#   cuda_decode_warp_rows.r1cs  497ef0ca530e5458  99/99  1.25x
+#   cuda_decode_warp_rows.r2    9315130556d38308  99/99  1.27x
 #   cuda_decode_warp_rows.r2cs  fc925e5c76a947ee  99/99  1.34x
 #   cuda_decode_warp_rows.r4    f8066e6362d40cc4  99/99  1.26x
 #   cuda_decode_warp_rows.r4cs  5c39c62bb20df179  99/99  1.31x
 #   cuda_decode_warp_rows.r8    8a98854d236b876e  99/99  1.27x
 #   cuda_decode_warp_rows.r8cs  32bb8276e2b2a649  99/99  1.31x
-#   fla_fused_recurrent         7448799465d05766  99/99  0.71x
+#   fla_fused_recurrent         7448799465d05766  84/99  0.74x  [15 screened out]
 #   triton_decode_splitv        3bd9f75d107db99a  99/99  1.16x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_decode_warp_rows.r1    rows=1 cs=False
@@ -35,52 +35,32 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.43% mean, 8.99% max;
-#             1.076x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.70% mean, 62.56% max;
-#             1.520x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.35% mean, 8.64% max;
+#             1.077x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.43% mean, 15.56% max;
+#             1.954x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 12 workloads, 2.01x (1.95x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
-#   2. 2 < batch_size <= 14: cuda_decode_warp_rows.r2cs, 24 workloads, 1.66x (1.42x .. 1.83x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, triton_decode_splitv
-#   3. 14 < batch_size <= 27: cuda_decode_warp_rows.r8cs, 12 workloads, 1.39x (1.33x .. 1.41x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv
-#   4. 27 < batch_size <= 384: cuda_decode_warp_rows.r2cs, 43 workloads, 1.12x (1.03x .. 1.20x) over flashinfer
-#   5. batch_size > 384: flashinfer (baseline), 8 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv, fla_fused_recurrent
+#   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 12 workloads, 2.01x (1.95x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
+#   2. 2 < batch_size <= 13: cuda_decode_warp_rows.r2cs, 24 workloads, 1.66x (1.42x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, triton_decode_splitv
+#   3. 13 < batch_size <= 45: cuda_decode_warp_rows.r8cs, 23 workloads, 1.29x (1.16x .. 1.42x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1
+#   4. 45 < batch_size <= 384: cuda_decode_warp_rows.r2cs, 32 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
+#   5. batch_size > 384: flashinfer (baseline), 8 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 2: cuda_decode_warp_rows.r2, 12 workloads, 1.99x (1.28x .. 3.05x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs
-#   2. 2 < batch_size <= 4: cuda_decode_warp_rows.r4, 10 workloads, 2.16x (1.88x .. 2.94x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1
-#   3. 4 < batch_size <= 7: cuda_decode_warp_rows.r2cs, 3 workloads, 2.19x (1.96x .. 2.63x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r8cs
-#   4. 7 < batch_size <= 10: cuda_decode_warp_rows.r8cs, 9 workloads, 2.04x (1.42x .. 3.40x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2
-#   5. 10 < batch_size <= 15: cuda_decode_warp_rows.r1, 3 workloads, 2.33x (1.80x .. 2.72x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs
-#   6. 15 < batch_size <= 27: cuda_decode_warp_rows.r8, 11 workloads, 1.91x (1.75x .. 2.77x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
-#   7. 27 < batch_size <= 46: cuda_decode_warp_rows.r4cs, 11 workloads, 1.71x (1.28x .. 2.43x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1cs
-#   8. 46 < batch_size <= 60: cuda_decode_warp_rows.r2, 9 workloads, 1.64x (1.53x .. 2.06x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs
-#   9. 60 < batch_size <= 65: cuda_decode_warp_rows.r1cs, 9 workloads, 1.44x (1.19x .. 1.80x) over flashinfer
-#   10. 65 < batch_size <= 99: cuda_decode_warp_rows.r2cs, 3 workloads, 1.57x (1.51x .. 1.68x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1
-#   11. 99 < batch_size <= 134: cuda_decode_warp_rows.r4cs, 3 workloads, 1.38x (1.37x .. 1.39x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs
-#   12. batch_size > 134: cuda_decode_warp_rows.r2cs, 16 workloads, 1.28x (1.09x .. 1.52x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
+#   1. batch_size <= 45: cuda_decode_warp_rows.r8, 59 workloads, 2.66x (2.15x .. 3.71x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
+#   2. batch_size > 45: cuda_decode_warp_rows.r2, 40 workloads, 1.79x (1.10x .. 2.93x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.95, 2.01, 2.02), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (2, 14)}, 'workloads': 24, 'speedup': (1.42, 1.66, 1.83), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (14, 27)}, 'workloads': 12, 'speedup': (1.33, 1.39, 1.41), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (27, 384)}, 'workloads': 43, 'speedup': (1.03, 1.12, 1.2), 'fallbacks': ()},
-    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (384, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.95, 2.01, 2.02), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (2, 13)}, 'workloads': 24, 'speedup': (1.42, 1.66, 1.84), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (13, 45)}, 'workloads': 23, 'speedup': (1.16, 1.29, 1.42), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1')},
+    {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (45, 384)}, 'workloads': 32, 'speedup': (1.03, 1.1, 1.15), 'fallbacks': ()},
+    {'region': 5, 'variant': 'flashinfer', 'bounds': {'batch_size': (384, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (None, 2)}, 'workloads': 12, 'speedup': (1.28, 1.99, 3.05), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (2, 4)}, 'workloads': 10, 'speedup': (1.88, 2.16, 2.94), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1')},
-    {'region': 3, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (4, 7)}, 'workloads': 3, 'speedup': (1.96, 2.19, 2.63), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 4, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (7, 10)}, 'workloads': 9, 'speedup': (1.42, 2.04, 3.4), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2')},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (10, 15)}, 'workloads': 3, 'speedup': (1.8, 2.33, 2.72), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs')},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (15, 27)}, 'workloads': 11, 'speedup': (1.75, 1.91, 2.77), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (27, 46)}, 'workloads': 11, 'speedup': (1.28, 1.71, 2.43), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (46, 60)}, 'workloads': 9, 'speedup': (1.53, 1.64, 2.06), 'fallbacks': ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (60, 65)}, 'workloads': 9, 'speedup': (1.19, 1.44, 1.8), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 99)}, 'workloads': 3, 'speedup': (1.51, 1.57, 1.68), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1')},
-    {'region': 11, 'variant': 'cuda_decode_warp_rows.r4cs', 'bounds': {'batch_size': (99, 134)}, 'workloads': 3, 'speedup': (1.37, 1.38, 1.39), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 12, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (134, None)}, 'workloads': 16, 'speedup': (1.09, 1.28, 1.52), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 45)}, 'workloads': 59, 'speedup': (2.15, 2.66, 3.71), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (45, None)}, 'workloads': 40, 'speedup': (1.1, 1.79, 2.93), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -90,58 +70,28 @@ def route(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
     # region 1: 12 workloads, 2.01x (1.95x .. 2.02x) over flashinfer
     if batch_size <= 2:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
-    # region 2: 24 workloads, 1.66x (1.42x .. 1.83x) over flashinfer
-    if 2 < batch_size <= 14:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 3: 12 workloads, 1.39x (1.33x .. 1.41x) over flashinfer
-    if 14 < batch_size <= 27:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 4: 43 workloads, 1.12x (1.03x .. 1.20x) over flashinfer
-    if 27 < batch_size <= 384:
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'triton_decode_splitv', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r1cs'
+    # region 2: 24 workloads, 1.66x (1.42x .. 1.84x) over flashinfer
+    if 2 < batch_size <= 13:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 3: 23 workloads, 1.29x (1.16x .. 1.42x) over flashinfer
+    if 13 < batch_size <= 45:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 4: 32 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
+    if 45 < batch_size <= 384:
         return 'cuda_decode_warp_rows.r2cs'
     # region 5: 8 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 384:
-        return ('flashinfer', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv', 'fla_fused_recurrent') if inside else 'flashinfer'
+        return ('flashinfer', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'flashinfer'
     return 'flashinfer'
 
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 1.99x (1.28x .. 3.05x) over flashinfer
-    if batch_size <= 2:
-        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2'
-    # region 2: 10 workloads, 2.16x (1.88x .. 2.94x) over flashinfer
-    if 2 < batch_size <= 4:
-        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r4'
-    # region 3: 3 workloads, 2.19x (1.96x .. 2.63x) over flashinfer
-    if 4 < batch_size <= 7:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 4: 9 workloads, 2.04x (1.42x .. 3.40x) over flashinfer
-    if 7 < batch_size <= 10:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 5: 3 workloads, 2.33x (1.80x .. 2.72x) over flashinfer
-    if 10 < batch_size <= 15:
-        return ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r1'
-    # region 6: 11 workloads, 1.91x (1.75x .. 2.77x) over flashinfer
-    if 15 < batch_size <= 27:
-        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r8'
-    # region 7: 11 workloads, 1.71x (1.28x .. 2.43x) over flashinfer
-    if 27 < batch_size <= 46:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 8: 9 workloads, 1.64x (1.53x .. 2.06x) over flashinfer
-    if 46 < batch_size <= 60:
-        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2'
-    # region 9: 9 workloads, 1.44x (1.19x .. 1.80x) over flashinfer
-    if 60 < batch_size <= 65:
-        return 'cuda_decode_warp_rows.r1cs'
-    # region 10: 3 workloads, 1.57x (1.51x .. 1.68x) over flashinfer
-    if 65 < batch_size <= 99:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 11: 3 workloads, 1.38x (1.37x .. 1.39x) over flashinfer
-    if 99 < batch_size <= 134:
-        return ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r4cs'
-    # region 12: 16 workloads, 1.28x (1.09x .. 1.52x) over flashinfer
-    if batch_size > 134:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 1: 59 workloads, 2.66x (2.15x .. 3.71x) over flashinfer
+    if batch_size <= 45:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8'
+    # region 2: 40 workloads, 1.79x (1.10x .. 2.93x) over flashinfer
+    if batch_size > 45:
+        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2'
     return 'flashinfer'

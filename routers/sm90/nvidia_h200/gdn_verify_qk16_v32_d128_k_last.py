@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:58:40Z
+# measured    up to 2026-11-29T11:42:10Z
 # workloads   21 (workload-set digest 44d123c0e7f40f0b)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -25,30 +25,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.38% mean, 14.15% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.29% mean, 13.63% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.78% mean, 63.52% max;
-#             1.393x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.26% mean, 2.71% max;
+#             1.497x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.41x (1.27x .. 1.53x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 1 < num_seqs <= 13: cuda_verify_rows.r4, 6 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   3. 13 < num_seqs <= 25: cuda_verify_rows.r8, 3 workloads, 1.06x (1.04x .. 1.08x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.40x (1.27x .. 1.54x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 1 < num_seqs <= 12: cuda_verify_rows.r4, 6 workloads, 1.14x (1.06x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   3. 12 < num_seqs <= 25: cuda_verify_rows.r8, 3 workloads, 1.06x (1.06x .. 1.07x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. num_seqs > 25: sglang_verify (baseline), 9 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 3.46x (2.52x .. 4.44x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2
-#   2. num_seqs > 1: cuda_verify_rows.r8, 18 workloads, 1.84x (1.10x .. 3.76x) over sglang_verify
+#   1. num_seqs <= 121: cuda_verify_rows.r4, 16 workloads, 2.47x (1.31x .. 4.13x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   2. num_seqs > 121: cuda_verify_rows.r8, 5 workloads, 1.22x (1.14x .. 1.31x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (1.27, 1.41, 1.53), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 13)}, 'workloads': 6, 'speedup': (1.07, 1.15, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (13, 25)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (1.27, 1.4, 1.54), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 12)}, 'workloads': 6, 'speedup': (1.06, 1.14, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (12, 25)}, 'workloads': 3, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
     {'region': 4, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (2.52, 3.46, 4.44), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (1, None)}, 'workloads': 18, 'speedup': (1.1, 1.84, 3.76), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 121)}, 'workloads': 16, 'speedup': (1.31, 2.47, 4.13), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (121, None)}, 'workloads': 5, 'speedup': (1.14, 1.22, 1.31), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -56,14 +56,14 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 1.41x (1.27x .. 1.53x) over sglang_verify's guarded call
+    # region 1: 3 workloads, 1.40x (1.27x .. 1.54x) over sglang_verify's guarded call
     if num_seqs <= 1:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 6 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call
-    if 1 < num_seqs <= 13:
+    # region 2: 6 workloads, 1.14x (1.06x .. 1.22x) over sglang_verify's guarded call
+    if 1 < num_seqs <= 12:
         return 'cuda_verify_rows.r4'
-    # region 3: 3 workloads, 1.06x (1.04x .. 1.08x) over sglang_verify's guarded call
-    if 13 < num_seqs <= 25:
+    # region 3: 3 workloads, 1.06x (1.06x .. 1.07x) over sglang_verify's guarded call
+    if 12 < num_seqs <= 25:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     # region 4: 9 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 25:
@@ -73,20 +73,20 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 3.46x (2.52x .. 4.44x) over sglang_verify
-    if num_seqs <= 1:
-        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r1'
-    # region 2: 18 workloads, 1.84x (1.10x .. 3.76x) over sglang_verify
-    if num_seqs > 1:
-        return 'cuda_verify_rows.r8'
+    # region 1: 16 workloads, 2.47x (1.31x .. 4.13x) over sglang_verify
+    if num_seqs <= 121:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    # region 2: 5 workloads, 1.22x (1.14x .. 1.31x) over sglang_verify
+    if num_seqs > 121:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     if num_seqs <= 1:  # region 1
         return True
-    if 1 < num_seqs <= 13:  # region 2
+    if 1 < num_seqs <= 12:  # region 2
         return True
-    if 13 < num_seqs <= 25:  # region 3
+    if 12 < num_seqs <= 25:  # region 3
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:59:05Z
+# measured    up to 2026-11-29T11:42:37Z
 # workloads   21 (workload-set digest c9ea0957b690dd4b)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -25,38 +25,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 5.68% mean, 36.25% max;
-#             1.009x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.73% mean, 67.99% max;
-#             2.568x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 5.59% mean, 36.74% max;
+#             1.010x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.08% mean, 1.30% max;
+#             2.633x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 13 and cache_steps <= 4: cuda_verify_rows.r2, 6 workloads, 1.67x (1.49x .. 1.84x) over sglang_verify's guarded call; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 12 and cache_steps <= 4: cuda_verify_rows.r2, 6 workloads, 1.64x (1.47x .. 1.79x) over sglang_verify's guarded call; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
 #   2. cache_steps > 4: sglang_verify (baseline), 5 workloads; where it cannot run here, cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r1
-#   3. 13 < num_seqs <= 71 and cache_steps <= 4: cuda_verify_rows.r4, 5 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   4. num_seqs > 71 and cache_steps <= 4: cuda_verify_rows.r4, 5 workloads, 1.10x (1.04x .. 1.36x) over sglang_verify; then cuda_verify_rows.r8
+#   3. 12 < num_seqs <= 71 and cache_steps <= 4: cuda_verify_rows.r4, 5 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   4. num_seqs > 71 and cache_steps <= 4: cuda_verify_rows.r8, 5 workloads, 1.11x (1.03x .. 1.37x) over sglang_verify; then cuda_verify_rows.r4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 2 and cache_steps > 3: cuda_verify_rows.r2, 4 workloads, 3.92x (3.46x .. 4.94x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r8, cuda_verify_rows.r4
-#   2. num_seqs <= 14 and cache_steps <= 3: cuda_verify_rows.r4, 3 workloads, 3.60x (3.37x .. 3.76x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   3. 2 < num_seqs <= 14 and cache_steps > 3: cuda_verify_rows.r1, 3 workloads, 4.39x (2.76x .. 5.59x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8
-#   4. 14 < num_seqs <= 34: cuda_verify_rows.r4, 3 workloads, 2.99x (2.44x .. 3.71x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   5. 34 < num_seqs <= 132: cuda_verify_rows.r8, 4 workloads, 2.36x (2.11x .. 2.55x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   6. num_seqs > 132: cuda_verify_rows.r4, 4 workloads, 2.15x (1.59x .. 2.67x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   1. every shape: cuda_verify_rows.r4, 21 workloads, 2.85x (1.58x .. 4.11x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 13)}, 'workloads': 6, 'speedup': (1.49, 1.67, 1.84), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8'), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 12)}, 'workloads': 6, 'speedup': (1.47, 1.64, 1.79), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8'), 'hand_back': True},
     {'region': 2, 'variant': 'sglang_verify', 'bounds': {'cache_steps': (4, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (13, 71)}, 'workloads': 5, 'speedup': (1.07, 1.19, 1.38), 'fallbacks': (), 'hand_back': True},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (71, None)}, 'workloads': 5, 'speedup': (1.04, 1.1, 1.36), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (12, 71)}, 'workloads': 5, 'speedup': (1.07, 1.19, 1.38), 'fallbacks': (), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (71, None)}, 'workloads': 5, 'speedup': (1.03, 1.11, 1.37), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (3.46, 3.92, 4.94), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 14)}, 'workloads': 3, 'speedup': (3.37, 3.6, 3.76), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (3, None), 'num_seqs': (2, 14)}, 'workloads': 3, 'speedup': (2.76, 4.39, 5.59), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (14, 34)}, 'workloads': 3, 'speedup': (2.44, 2.99, 3.71), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (34, 132)}, 'workloads': 4, 'speedup': (2.11, 2.36, 2.55), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (132, None)}, 'workloads': 4, 'speedup': (1.59, 2.15, 2.67), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 21, 'speedup': (1.58, 2.85, 4.11), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -64,47 +54,30 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 1.67x (1.49x .. 1.84x) over sglang_verify's guarded call
-    if num_seqs <= 13 and cache_steps <= 4:
+    # region 1: 6 workloads, 1.64x (1.47x .. 1.79x) over sglang_verify's guarded call
+    if num_seqs <= 12 and cache_steps <= 4:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
     # region 2: 5 workloads, the baseline; its stand-ins where it cannot run here
     if cache_steps > 4:
         return ('sglang_verify', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     # region 3: 5 workloads, 1.19x (1.07x .. 1.38x) over sglang_verify's guarded call
-    if 13 < num_seqs <= 71 and cache_steps <= 4:
+    if 12 < num_seqs <= 71 and cache_steps <= 4:
         return 'cuda_verify_rows.r4'
-    # region 4: 5 workloads, 1.10x (1.04x .. 1.36x) over sglang_verify
+    # region 4: 5 workloads, 1.11x (1.03x .. 1.37x) over sglang_verify
     if num_seqs > 71 and cache_steps <= 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.92x (3.46x .. 4.94x) over sglang_verify
-    if num_seqs <= 2 and cache_steps > 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 3 workloads, 3.60x (3.37x .. 3.76x) over sglang_verify
-    if num_seqs <= 14 and cache_steps <= 3:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
-    # region 3: 3 workloads, 4.39x (2.76x .. 5.59x) over sglang_verify
-    if 2 < num_seqs <= 14 and cache_steps > 3:
-        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
-    # region 4: 3 workloads, 2.99x (2.44x .. 3.71x) over sglang_verify
-    if 14 < num_seqs <= 34:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
-    # region 5: 4 workloads, 2.36x (2.11x .. 2.55x) over sglang_verify
-    if 34 < num_seqs <= 132:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r8'
-    # region 6: 4 workloads, 2.15x (1.59x .. 2.67x) over sglang_verify
-    if num_seqs > 132:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    return 'sglang_verify'
+    # region 1: 21 workloads, 2.85x (1.58x .. 4.11x) over sglang_verify
+    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs <= 13 and cache_steps <= 4:  # region 1
+    if num_seqs <= 12 and cache_steps <= 4:  # region 1
         return True
-    if 13 < num_seqs <= 71 and cache_steps <= 4:  # region 3
+    if 12 < num_seqs <= 71 and cache_steps <= 4:  # region 3
         return True
     return False

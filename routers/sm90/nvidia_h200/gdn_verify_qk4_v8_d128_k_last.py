@@ -6,14 +6,14 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T08:59:33Z
+# measured    up to 2026-11-29T11:43:04Z
 # workloads   21 (workload-set digest c15af2f264ecc45a)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_verify        be87da121c798002  21/21  1.00x
 #   cuda_verify_rows.r1  d17d4f6876065a15  21/21  0.66x
 #   cuda_verify_rows.r2  9991a00aa2f585e0  21/21  0.91x
-#   cuda_verify_rows.r4  9020b799747f7de9  21/21  0.93x
+#   cuda_verify_rows.r4  9020b799747f7de9  21/21  0.94x
 #   cuda_verify_rows.r8  96bd10991a68155b  21/21  0.83x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_rows.r1  rows=1
@@ -25,40 +25,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.74% mean, 15.66% max;
-#             1.003x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.87% mean, 50.14% max;
-#             2.100x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.85% mean, 15.95% max;
+#             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.08% mean, 1.59% max;
+#             2.251x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 6: cuda_verify_rows.r2, 8 workloads, 1.54x (1.26x .. 1.77x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 6 < num_seqs <= 25: cuda_verify_rows.r4, 4 workloads, 1.20x (1.07x .. 1.36x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 6: cuda_verify_rows.r2, 8 workloads, 1.52x (1.26x .. 1.75x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 6 < num_seqs <= 25: cuda_verify_rows.r4, 4 workloads, 1.21x (1.08x .. 1.34x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
 #   3. 25 < num_seqs <= 69: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
 #   4. 69 < num_seqs <= 185: cuda_verify_rows.r4, 3 workloads, 1.08x (1.04x .. 1.16x) over sglang_verify
 #   5. num_seqs > 185: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 4 and cache_steps > 3: cuda_verify_rows.r1, 5 workloads, 3.88x (2.80x .. 6.12x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4, cuda_verify_rows.r8
-#   2. num_seqs <= 14 and cache_steps <= 3: cuda_verify_rows.r2, 3 workloads, 3.84x (2.20x .. 6.17x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r8
-#   3. 4 < num_seqs <= 22 and cache_steps > 3: cuda_verify_rows.r8, 3 workloads, 3.12x (2.71x .. 3.57x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   4. num_seqs > 14 and cache_steps <= 3: cuda_verify_rows.r8, 3 workloads, 2.38x (1.53x .. 3.92x) over sglang_verify; then cuda_verify_rows.r2
-#   5. num_seqs > 22 and 3 < cache_steps <= 4: cuda_verify_rows.r4, 4 workloads, 1.65x (1.37x .. 2.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   6. num_seqs > 22 and cache_steps > 4: cuda_verify_rows.r8, 3 workloads, 1.96x (1.38x .. 2.58x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   1. every shape: cuda_verify_rows.r4, 21 workloads, 2.60x (1.18x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 8, 'speedup': (1.26, 1.54, 1.77), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 25)}, 'workloads': 4, 'speedup': (1.07, 1.2, 1.36), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 6)}, 'workloads': 8, 'speedup': (1.26, 1.52, 1.75), 'fallbacks': ('cuda_verify_rows.r4',), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (6, 25)}, 'workloads': 4, 'speedup': (1.08, 1.21, 1.34), 'fallbacks': ('cuda_verify_rows.r8',), 'hand_back': True},
     {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (25, 69)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
     {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (69, 185)}, 'workloads': 3, 'speedup': (1.04, 1.08, 1.16), 'fallbacks': ()},
     {'region': 5, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (185, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 4)}, 'workloads': 5, 'speedup': (2.8, 3.88, 6.12), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 14)}, 'workloads': 3, 'speedup': (2.2, 3.84, 6.17), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, None), 'num_seqs': (4, 22)}, 'workloads': 3, 'speedup': (2.71, 3.12, 3.57), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (14, None)}, 'workloads': 3, 'speedup': (1.53, 2.38, 3.92), 'fallbacks': ('cuda_verify_rows.r2',)},
-    {'region': 5, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (3, 4), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.37, 1.65, 2.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (22, None)}, 'workloads': 3, 'speedup': (1.38, 1.96, 2.58), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 21, 'speedup': (1.18, 2.6, 4.09), 'fallbacks': ('cuda_verify_rows.r8',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -66,10 +56,10 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 1.54x (1.26x .. 1.77x) over sglang_verify's guarded call
+    # region 1: 8 workloads, 1.52x (1.26x .. 1.75x) over sglang_verify's guarded call
     if num_seqs <= 6:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r2'
-    # region 2: 4 workloads, 1.20x (1.07x .. 1.36x) over sglang_verify's guarded call
+    # region 2: 4 workloads, 1.21x (1.08x .. 1.34x) over sglang_verify's guarded call
     if 6 < num_seqs <= 25:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
@@ -86,25 +76,8 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 3.88x (2.80x .. 6.12x) over sglang_verify
-    if num_seqs <= 4 and cache_steps > 3:
-        return ('cuda_verify_rows.r1', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r1'
-    # region 2: 3 workloads, 3.84x (2.20x .. 6.17x) over sglang_verify
-    if num_seqs <= 14 and cache_steps <= 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
-    # region 3: 3 workloads, 3.12x (2.71x .. 3.57x) over sglang_verify
-    if 4 < num_seqs <= 22 and cache_steps > 3:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r8'
-    # region 4: 3 workloads, 2.38x (1.53x .. 3.92x) over sglang_verify
-    if num_seqs > 14 and cache_steps <= 3:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 5: 4 workloads, 1.65x (1.37x .. 2.09x) over sglang_verify
-    if num_seqs > 22 and 3 < cache_steps <= 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    # region 6: 3 workloads, 1.96x (1.38x .. 2.58x) over sglang_verify
-    if num_seqs > 22 and cache_steps > 4:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    return 'sglang_verify'
+    # region 1: 21 workloads, 2.60x (1.18x .. 4.09x) over sglang_verify
+    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):

@@ -6,13 +6,13 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:00:08Z
+# measured    up to 2026-11-29T11:43:37Z
 # workloads   20 (workload-set digest 1cfd117935b3547a)
 # baseline    sglang_verify
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_verify        be87da121c798002  20/20  1.00x
 #   cuda_verify_rows.r1  d17d4f6876065a15  20/20  0.62x
-#   cuda_verify_rows.r2  9991a00aa2f585e0  20/20  0.88x
+#   cuda_verify_rows.r2  9991a00aa2f585e0  20/20  0.89x
 #   cuda_verify_rows.r4  9020b799747f7de9  20/20  0.96x
 #   cuda_verify_rows.r8  96bd10991a68155b  20/20  0.89x
 # configs     launch configurations the tuner measured as variants of their own
@@ -25,28 +25,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.80% mean, 25.54% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.04% mean, 29.24% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.62% mean, 13.56% max;
-#             1.646x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.41% mean, 3.46% max;
+#             1.719x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
-#   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.11x (1.04x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   1. num_seqs <= 2: cuda_verify_rows.r2, 5 workloads, 1.48x (1.36x .. 1.63x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
+#   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.10x (1.04x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 74: cuda_verify_rows.r4, 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   2. num_seqs > 74: cuda_verify_rows.r8, 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify; then cuda_verify_rows.r4
+#   1. every shape: cuda_verify_rows.r4, 20 workloads, 2.21x (1.23x .. 4.18x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.35, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
-    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 43)}, 'workloads': 7, 'speedup': (1.04, 1.11, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.36, 1.48, 1.63), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1'), 'hand_back': True},
+    {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (2, 43)}, 'workloads': 7, 'speedup': (1.04, 1.1, 1.21), 'fallbacks': (), 'hand_back': True},
     {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (43, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 74)}, 'workloads': 14, 'speedup': (1.61, 2.62, 5.13), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (74, None)}, 'workloads': 6, 'speedup': (1.1, 1.44, 2.16), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 20, 'speedup': (1.23, 2.21, 4.18), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -54,10 +52,10 @@ MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 1.48x (1.35x .. 1.63x) over sglang_verify's guarded call
+    # region 1: 5 workloads, 1.48x (1.36x .. 1.63x) over sglang_verify's guarded call
     if num_seqs <= 2:
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 7 workloads, 1.11x (1.04x .. 1.21x) over sglang_verify's guarded call
+    # region 2: 7 workloads, 1.10x (1.04x .. 1.21x) over sglang_verify's guarded call
     if 2 < num_seqs <= 43:
         return 'cuda_verify_rows.r4'
     # region 3: 8 workloads, the baseline; its stand-ins where it cannot run here
@@ -68,13 +66,8 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 14 workloads, 2.62x (1.61x .. 5.13x) over sglang_verify
-    if num_seqs <= 74:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    # region 2: 6 workloads, 1.44x (1.10x .. 2.16x) over sglang_verify
-    if num_seqs > 74:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
-    return 'sglang_verify'
+    # region 1: 20 workloads, 2.21x (1.23x .. 4.18x) over sglang_verify
+    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):

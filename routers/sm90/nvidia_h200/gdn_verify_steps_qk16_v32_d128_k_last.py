@@ -6,15 +6,15 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:01:06Z
+# measured    up to 2026-11-29T11:44:04Z
 # workloads   12 (workload-set digest 2c5a192f9871b3ec)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  47.54x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  65.44x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  73.65x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  75.03x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  57.84x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  79.62x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  89.83x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  91.63x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -25,16 +25,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.36% mean, 2.70% max;
-#             30.087x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 0.42% mean, 3.19% max;
-#             28.286x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# regions     CUDA graph (graph times); eager calls get the same choices
-#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 75.03x (23.52x .. 338.83x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.66% mean, 2.57% max;
+#             33.039x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.09% mean, 5.31% max;
+#             28.129x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# regions     CUDA graph (graph times)
+#   1. every shape: cuda_verify_steps_rows.r8, 12 workloads, 91.63x (22.93x .. 397.03x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+# regions     eager calls (eager host + device times): `route_eager`
+#   1. num_seqs <= 46 and num_steps > 2: cuda_verify_steps_rows.r4, 5 workloads, 61.52x (37.41x .. 95.69x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. num_steps <= 2: cuda_verify_steps_rows.r8, 3 workloads, 34.24x (20.63x .. 52.37x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. num_seqs > 46 and num_steps > 2: cuda_verify_steps_rows.r8, 4 workloads, 24.94x (22.04x .. 27.55x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (23.52, 75.03, 338.83), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {}, 'workloads': 12, 'speedup': (22.93, 91.63, 397.03), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+)
+
+REGIONS_EAGER = (
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 46), 'num_steps': (2, None)}, 'workloads': 5, 'speedup': (37.41, 61.52, 95.69), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_steps': (None, 2)}, 'workloads': 3, 'speedup': (20.63, 34.24, 52.37), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (46, None), 'num_steps': (2, None)}, 'workloads': 4, 'speedup': (22.04, 24.94, 27.55), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -42,5 +52,19 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 75.03x (23.52x .. 338.83x) over reference
+    # region 1: 12 workloads, 91.63x (22.93x .. 397.03x) over reference
     return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+
+
+def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
+    inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
+    # region 1: 5 workloads, 61.52x (37.41x .. 95.69x) over reference
+    if num_seqs <= 46 and num_steps > 2:
+        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 2: 3 workloads, 34.24x (20.63x .. 52.37x) over reference
+    if num_steps <= 2:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 3: 4 workloads, 24.94x (22.04x .. 27.55x) over reference
+    if num_seqs > 46 and num_steps > 2:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    return 'reference'

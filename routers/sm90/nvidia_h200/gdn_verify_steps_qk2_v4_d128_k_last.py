@@ -6,15 +6,15 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:01:16Z
+# measured    up to 2026-11-29T11:45:01Z
 # workloads   12 (workload-set digest 5e2fb219f89ed44d)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  161.73x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  185.83x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  200.40x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  199.74x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  145.76x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  167.31x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  181.12x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  180.26x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -25,28 +25,24 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.57% mean, 8.83% max;
-#             119.868x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.46% mean, 16.64% max;
-#             65.736x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.19% mean, 10.93% max;
+#             107.078x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.37% mean, 6.55% max;
+#             48.738x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 676.87x (509.04x .. 873.44x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
-#   2. num_seqs > 4: cuda_verify_steps_rows.r8, 8 workloads, 123.57x (40.36x .. 641.47x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 4: cuda_verify_steps_rows.r1, 4 workloads, 593.10x (552.61x .. 688.11x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8
+#   2. num_seqs > 4: cuda_verify_steps_rows.r8, 8 workloads, 113.05x (39.99x .. 490.21x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 9: cuda_verify_steps_rows.r1, 5 workloads, 126.21x (65.01x .. 216.05x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
-#   2. 9 < num_seqs <= 92: cuda_verify_steps_rows.r4, 3 workloads, 76.76x (62.11x .. 89.28x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   3. num_seqs > 92: cuda_verify_steps_rows.r8, 4 workloads, 34.93x (28.13x .. 53.89x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. every shape: cuda_verify_steps_rows.r4, 12 workloads, 53.56x (26.19x .. 100.34x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (509.04, 676.87, 873.44), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (40.36, 123.57, 641.47), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (552.61, 593.1, 688.11), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (4, None)}, 'workloads': 8, 'speedup': (39.99, 113.05, 490.21), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 9)}, 'workloads': 5, 'speedup': (65.01, 126.21, 216.05), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (9, 92)}, 'workloads': 3, 'speedup': (62.11, 76.76, 89.28), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (92, None)}, 'workloads': 4, 'speedup': (28.13, 34.93, 53.89), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {}, 'workloads': 12, 'speedup': (26.19, 53.56, 100.34), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -54,10 +50,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 676.87x (509.04x .. 873.44x) over reference
+    # region 1: 4 workloads, 593.10x (552.61x .. 688.11x) over reference
     if num_seqs <= 4:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 8 workloads, 123.57x (40.36x .. 641.47x) over reference
+    # region 2: 8 workloads, 113.05x (39.99x .. 490.21x) over reference
     if num_seqs > 4:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
@@ -65,13 +61,5 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 126.21x (65.01x .. 216.05x) over reference
-    if num_seqs <= 9:
-        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 3 workloads, 76.76x (62.11x .. 89.28x) over reference
-    if 9 < num_seqs <= 92:
-        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
-    # region 3: 4 workloads, 34.93x (28.13x .. 53.89x) over reference
-    if num_seqs > 92:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    return 'reference'
+    # region 1: 12 workloads, 53.56x (26.19x .. 100.34x) over reference
+    return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'

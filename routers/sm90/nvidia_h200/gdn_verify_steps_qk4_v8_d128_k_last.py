@@ -6,15 +6,15 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:01:37Z
+# measured    up to 2026-11-29T11:45:13Z
 # workloads   12 (workload-set digest 48a5557066a57f40)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  109.61x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  134.58x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  148.25x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  146.91x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  144.94x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  178.09x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  196.09x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  194.78x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -25,30 +25,30 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.91% mean, 33.06% max;
-#             64.718x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.36% mean, 8.48% max;
-#             49.051x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.61% mean, 33.32% max;
+#             85.133x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.86% mean, 23.78% max;
+#             45.440x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 2: cuda_verify_steps_rows.r1, 3 workloads, 499.46x (444.96x .. 587.90x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
-#   2. 2 < num_seqs <= 81 and num_steps <= 5: cuda_verify_steps_rows.r4, 3 workloads, 210.99x (102.73x .. 321.44x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   3. num_seqs > 2 and num_steps > 5: cuda_verify_steps_rows.r8, 3 workloads, 144.44x (30.41x .. 508.44x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   4. num_seqs > 81 and num_steps <= 5: cuda_verify_steps_rows.r8, 3 workloads, 39.13x (35.30x .. 46.81x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 3: cuda_verify_steps_rows.r1, 4 workloads, 885.95x (550.73x .. 1254.71x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8
+#   2. 3 < num_seqs <= 50: cuda_verify_steps_rows.r4, 4 workloads, 243.12x (130.16x .. 418.42x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. num_seqs > 50: cuda_verify_steps_rows.r8, 4 workloads, 40.59x (33.04x .. 66.97x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 2: cuda_verify_steps_rows.r1, 3 workloads, 105.22x (61.44x .. 222.40x) over reference; then cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
-#   2. num_seqs > 2: cuda_verify_steps_rows.r8, 9 workloads, 53.11x (26.39x .. 118.15x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 16 and num_steps <= 5: cuda_verify_steps_rows.r4, 4 workloads, 59.32x (48.77x .. 76.33x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. num_steps > 5: cuda_verify_steps_rows.r8, 4 workloads, 71.09x (27.89x .. 134.33x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   3. num_seqs > 16 and num_steps <= 5: cuda_verify_steps_rows.r8, 4 workloads, 32.39x (22.95x .. 51.86x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (444.96, 499.46, 587.9), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (2, 81), 'num_steps': (None, 5)}, 'workloads': 3, 'speedup': (102.73, 210.99, 321.44), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (2, None), 'num_steps': (5, None)}, 'workloads': 3, 'speedup': (30.41, 144.44, 508.44), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 4, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (81, None), 'num_steps': (None, 5)}, 'workloads': 3, 'speedup': (35.3, 39.13, 46.81), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (550.73, 885.95, 1254.71), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (3, 50)}, 'workloads': 4, 'speedup': (130.16, 243.12, 418.42), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (50, None)}, 'workloads': 4, 'speedup': (33.04, 40.59, 66.97), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (61.44, 105.22, 222.4), 'fallbacks': ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (2, None)}, 'workloads': 9, 'speedup': (26.39, 53.11, 118.15), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 16), 'num_steps': (None, 5)}, 'workloads': 4, 'speedup': (48.77, 59.32, 76.33), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_steps': (5, None)}, 'workloads': 4, 'speedup': (27.89, 71.09, 134.33), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 3, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (16, None), 'num_steps': (None, 5)}, 'workloads': 4, 'speedup': (22.95, 32.39, 51.86), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -56,27 +56,27 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 499.46x (444.96x .. 587.90x) over reference
-    if num_seqs <= 2:
+    # region 1: 4 workloads, 885.95x (550.73x .. 1254.71x) over reference
+    if num_seqs <= 3:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 3 workloads, 210.99x (102.73x .. 321.44x) over reference
-    if 2 < num_seqs <= 81 and num_steps <= 5:
+    # region 2: 4 workloads, 243.12x (130.16x .. 418.42x) over reference
+    if 3 < num_seqs <= 50:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
-    # region 3: 3 workloads, 144.44x (30.41x .. 508.44x) over reference
-    if num_seqs > 2 and num_steps > 5:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    # region 4: 3 workloads, 39.13x (35.30x .. 46.81x) over reference
-    if num_seqs > 81 and num_steps <= 5:
+    # region 3: 4 workloads, 40.59x (33.04x .. 66.97x) over reference
+    if num_seqs > 50:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 105.22x (61.44x .. 222.40x) over reference
-    if num_seqs <= 2:
-        return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 9 workloads, 53.11x (26.39x .. 118.15x) over reference
-    if num_seqs > 2:
+    # region 1: 4 workloads, 59.32x (48.77x .. 76.33x) over reference
+    if num_seqs <= 16 and num_steps <= 5:
+        return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 2: 4 workloads, 71.09x (27.89x .. 134.33x) over reference
+    if num_steps > 5:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
+    # region 3: 4 workloads, 32.39x (22.95x .. 51.86x) over reference
+    if num_seqs > 16 and num_steps <= 5:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'

@@ -6,15 +6,15 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T09:02:11Z
+# measured    up to 2026-11-29T11:45:30Z
 # workloads   12 (workload-set digest 245217deebf416bb)
 # baseline    reference
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   reference                  560cadca091e8900  12/12  1.00x
-#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  72.71x
-#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  91.54x
-#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  105.16x
-#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  106.06x
+#   cuda_verify_steps_rows.r1  df1eddec0171a890  12/12  77.62x
+#   cuda_verify_steps_rows.r2  aa6ed3c01198953b  12/12  97.74x
+#   cuda_verify_steps_rows.r4  c0a12705ba8cce77  12/12  112.30x
+#   cuda_verify_steps_rows.r8  85deee3c0394396a  12/12  113.47x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_verify_steps_rows.r1  rows=1
 #   cuda_verify_steps_rows.r2  rows=2
@@ -25,28 +25,26 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 0.24% mean, 1.42% max;
-#             43.866x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.41% mean, 39.23% max;
-#             33.843x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 0.23% mean, 1.82% max;
+#             46.588x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.77% mean, 5.73% max;
+#             33.522x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 462.51x (440.71x .. 509.25x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
-#   2. num_seqs > 1: cuda_verify_steps_rows.r8, 9 workloads, 67.90x (28.75x .. 346.82x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 1: cuda_verify_steps_rows.r1, 3 workloads, 456.03x (377.38x .. 608.08x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2
+#   2. num_seqs > 1: cuda_verify_steps_rows.r8, 9 workloads, 74.53x (28.35x .. 418.77x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 1: cuda_verify_steps_rows.r2, 3 workloads, 87.78x (67.69x .. 137.53x) over reference; then cuda_verify_steps_rows.r1, cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r4
-#   2. 1 < num_seqs <= 17: cuda_verify_steps_rows.r8, 3 workloads, 67.18x (61.18x .. 71.45x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
-#   3. num_seqs > 17: cuda_verify_steps_rows.r4, 6 workloads, 30.23x (20.95x .. 55.55x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   1. num_seqs <= 60: cuda_verify_steps_rows.r4, 8 workloads, 55.38x (31.22x .. 98.77x) over reference; then cuda_verify_steps_rows.r8, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
+#   2. num_seqs > 60: cuda_verify_steps_rows.r8, 4 workloads, 24.89x (20.72x .. 27.29x) over reference; then cuda_verify_steps_rows.r4, cuda_verify_steps_rows.r2, cuda_verify_steps_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= num_steps <= 8
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (440.71, 462.51, 509.25), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (28.75, 67.9, 346.82), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (377.38, 456.03, 608.08), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, None)}, 'workloads': 9, 'speedup': (28.35, 74.53, 418.77), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_steps_rows.r2', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (67.69, 87.78, 137.53), 'fallbacks': ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4')},
-    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (1, 17)}, 'workloads': 3, 'speedup': (61.18, 67.18, 71.45), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (20.95, 30.23, 55.55), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 1, 'variant': 'cuda_verify_steps_rows.r4', 'bounds': {'num_seqs': (None, 60)}, 'workloads': 8, 'speedup': (31.22, 55.38, 98.77), 'fallbacks': ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
+    {'region': 2, 'variant': 'cuda_verify_steps_rows.r8', 'bounds': {'num_seqs': (60, None)}, 'workloads': 4, 'speedup': (20.72, 24.89, 27.29), 'fallbacks': ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -54,10 +52,10 @@ MEASURED = {'num_seqs': (1, 256), 'num_steps': (2, 8)}  # feature -> (min, max) 
 
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 462.51x (440.71x .. 509.25x) over reference
+    # region 1: 3 workloads, 456.03x (377.38x .. 608.08x) over reference
     if num_seqs <= 1:
         return ('cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2') if inside else 'cuda_verify_steps_rows.r1'
-    # region 2: 9 workloads, 67.90x (28.75x .. 346.82x) over reference
+    # region 2: 9 workloads, 74.53x (28.35x .. 418.77x) over reference
     if num_seqs > 1:
         return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
@@ -65,13 +63,10 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_steps, num_slots):
     inside = 1 <= num_seqs <= 256 and 2 <= num_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 87.78x (67.69x .. 137.53x) over reference
-    if num_seqs <= 1:
-        return ('cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4') if inside else 'cuda_verify_steps_rows.r2'
-    # region 2: 3 workloads, 67.18x (61.18x .. 71.45x) over reference
-    if 1 < num_seqs <= 17:
-        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
-    # region 3: 6 workloads, 30.23x (20.95x .. 55.55x) over reference
-    if num_seqs > 17:
+    # region 1: 8 workloads, 55.38x (31.22x .. 98.77x) over reference
+    if num_seqs <= 60:
         return ('cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r4'
+    # region 2: 4 workloads, 24.89x (20.72x .. 27.29x) over reference
+    if num_seqs > 60:
+        return ('cuda_verify_steps_rows.r8', 'cuda_verify_steps_rows.r4', 'cuda_verify_steps_rows.r2', 'cuda_verify_steps_rows.r1') if inside else 'cuda_verify_steps_rows.r8'
     return 'reference'
