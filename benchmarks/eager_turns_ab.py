@@ -1,14 +1,16 @@
-"""A definition's rows measured twice on one GPU model, each variant's eager calls in its own loop (the
-store's rows) and in turns with the workload's other variants (`kdispatch tune --eager-turns` into a
-scratch store, its rows dumped with `Store.dump_jsonl`): per variant the host part of the eager time
-(eager - graph) over the workloads both measured; per workload how far apart the eager times of
-configurations sharing one host path are (the drift each protocol leaves); and the routers fitted
-on each, scored on held-out rows measured the same way (and the own-loop fit on the turns' held-out
-rows). No GPU needed.
+"""A definition's rows measured twice on one GPU model, each variant's eager calls in its own loop and
+in turns with the workload's other variants (`kdispatch tune --eager-turns --force`): per variant the
+host part of the eager time (eager - graph) over the workloads both measured; per workload how far
+apart the eager times of configurations sharing one host path are (the drift each protocol leaves;
+`--same-host`); and the routers fitted on each, scored on held-out rows measured the same way (and
+the own-loop fit on the turns' held-out rows). No GPU needed. Stores are .sqlite files or their
+trace-line twins; the H200's own-loop rows of the definitions re-measured in turns on 2026-11-29 are
+the twins before that (git show db404b9:tuner/results/traces/nvidia-h200.jsonl.gz > own.jsonl.gz,
+the same for tuner/results/heldout/traces/):
 
-    python benchmarks/eager_turns_ab.py gdn_decode --own tuner/results/nvidia-h200.sqlite \\
-        --own-heldout tuner/results/heldout/nvidia-h200.sqlite --turns benchmarks/results/decode-turns-H200.jsonl.gz \\
-        --turns-heldout benchmarks/results/decode-heldout-turns-H200.jsonl.gz --same-host cuda_decode_warp_rows.
+    python benchmarks/eager_turns_ab.py gdn_decode --own own.jsonl.gz --own-heldout own-heldout.jsonl.gz \\
+        --turns tuner/results/traces/nvidia-h200.jsonl.gz --turns-heldout tuner/results/heldout/traces/nvidia-h200.jsonl.gz \\
+        --same-host cuda_decode_warp_rows. [--unpaired]
 """
 from __future__ import annotations
 
@@ -36,6 +38,15 @@ def _store(path: str) -> Store:
     return Store.open(path)
 
 
+def _unpaired(path: str) -> Store:
+    """The rows of `path` in memory without their calls' pairing with the baseline's (metrics
+    "eager_paired"): what the eager fit compares where rows lack it (tuner/fit.py)."""
+    s, mem = _store(path), Store(":memory:")
+    s.db.backup(mem.db)
+    mem.db.execute("UPDATE result SET metrics = json_remove(metrics, '$.eager_paired')")
+    return mem
+
+
 def _times(store: Store, name: str) -> dict:
     """(variant, uuid) -> (graph, eager) median us, the newest device's rows."""
     t = fitting.load_table(store, name, "sm90")
@@ -48,6 +59,18 @@ def _times(store: Store, name: str) -> dict:
     return out
 
 
+def _same_host_gaps(prefix: str, a: dict, b: dict, both: list) -> None:
+    print(f"the eager times of the `{prefix}*` configurations (one host path) per workload, max / min - 1:")
+    for label, x in (("own loop", a), ("turns", b)):
+        gaps = []
+        for u in sorted({k[1] for k in both}):
+            es = [x[k][1] for k in both if k[1] == u and k[0].startswith(prefix)]
+            if len(es) > 1:
+                gaps.append(max(es) / min(es) - 1)
+        print(f"  {label:9s} median {100 * statistics.median(gaps):5.1f}%, p90 {100 * percentile(gaps, .9):5.1f}% "
+              f"({len(gaps)} workloads)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("definition")
@@ -55,7 +78,9 @@ def main() -> None:
     ap.add_argument("--own-heldout", required=True)
     ap.add_argument("--turns", required=True)
     ap.add_argument("--turns-heldout", required=True)
-    ap.add_argument("--same-host", required=True, help="name prefix of the configurations sharing one host path")
+    ap.add_argument("--same-host", help="name prefix of the configurations sharing one host path (default: no such table)")
+    ap.add_argument("--unpaired", action="store_true",
+                    help="also the turns rows fitted without their pairing with the baseline's calls (eager_paired)")
     opts = ap.parse_args()
     name = definitions.resolve_name(opts.definition)
     own, turns = _store(opts.own), _store(opts.turns)
@@ -68,21 +93,16 @@ def main() -> None:
         hb = [b[k][1] - b[k][0] for k in both if k[0] == v]
         print(f"  {v:34s} " + "   ".join(f"{percentile(h, .1):6.1f} {statistics.median(h):6.1f} {percentile(h, .9):6.1f}"
                                           for h in (ha, hb)))
-    print(f"the eager times of the `{opts.same_host}*` configurations (one host path) per workload, max / min - 1:")
-    for label, x in (("own loop", a), ("turns", b)):
-        gaps = []
-        for u in sorted({k[1] for k in both}):
-            es = [x[k][1] for k in both if k[1] == u and k[0].startswith(opts.same_host)]
-            if len(es) > 1:
-                gaps.append(max(es) / min(es) - 1)
-        print(f"  {label:9s} median {100 * statistics.median(gaps):5.1f}%, p90 {100 * percentile(gaps, .9):5.1f}% "
-              f"({len(gaps)} workloads)")
+    if opts.same_host:
+        _same_host_gaps(opts.same_host, a, b, both)
     uuids = {name: [w["uuid"] for w in workload_dicts(["traces", "traces/coverage"], name)]}
     print("routers fitted on each (this device's rows alone), scored on held-out rows: regret mean / max %, "
           "speedup over the baseline, slower than it")
     for label, fit_store, check in (("own loop, checked on own-loop rows", own, opts.own_heldout),
                                     ("turns, checked on turns rows", turns, opts.turns_heldout),
-                                    ("own loop, checked on turns rows", own, opts.turns_heldout)):
+                                    ("own loop, checked on turns rows", own, opts.turns_heldout),
+                                    *((("turns unpaired, checked on turns rows", _unpaired(opts.turns), opts.turns_heldout),)
+                                      if opts.unpaired else ())):
         done = [(d, None, p) for _a, d, p in fit_policies(fit_store, "sm90", [name], uuids, io.StringIO())]
         r = check_routers(done, _store(check), io.StringIO())[name]
         print(f"  {label:36s} " + "  ".join(

@@ -35,8 +35,9 @@ round instead: admissible where the median of the variant's call over the baseli
 round is below 1 - gain and its 90th percentile below 1 (faster in nine rounds of ten). The calls
 of a round meet the same spell of the host; the two 10-90 ranges added, where one cold call of the
 baseline's can reach 3.9x its median, kept FlashInfer's decode at 29-34 requests against a CUDA
-kernel at half its time (benchmarks/results/eager-turns-decode-H200.txt). The router
-holds both (`Policy.eager`); the dispatcher asks which mode a call is in only for shapes whose two
+kernel at half its time. On the H200's turns rows of 14 definitions (benchmarks/results/eager-turns-H200.txt,
+the rows with and without the pairing) it moved two eager routers' held-out regret: decode 1.62 ->
+1.28% mean, packed decode qk16 0.75 / 4.47 -> 0.11 / 0.67% (mean / max); the other 12 fit the same. The router holds both (`Policy.eager`); the dispatcher asks which mode a call is in only for shapes whose two
 choices differ. One router for both (the graph policy serving eager calls) was scored on both
 held-out stores (2026-11-29): the eager mean regrets summed over the (router, call) pairs rose from
 430 to 1,605% (H100) and from 323 to 1,169% (H200), worse in 29 and 27 pairs, better in 4 and 6

@@ -169,7 +169,7 @@ def eager_rounds_us(fns: dict[str, Callable], sets: list, rounds: int) -> dict[s
     set of the call before it in the L2). The host's speed drifts over seconds (its clock, other
     processes), so variants timed one after another can differ by the spell each fell in (the eight
     configurations of one CUDA decode kernel, one host path, 17% apart per workload at the median
-    and 53% at the 90th percentile; 7% and 12% in turns: benchmarks/results/eager-turns-decode-H200.txt);
+    and 53% at the 90th percentile; 7% and 13% in turns: benchmarks/results/eager-turns-H200.txt);
     taking turns puts every one in every spell. Shuffled, since a call finds the host's caches warm
     with whatever ran before it: in a fixed cyclic order each configuration followed its sibling
     (the same code, warm) while the routed op followed another variant, and the op's cost over its
