@@ -421,6 +421,49 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     assert "toy_scale on CPU: 4 rows took their eager times in turns and 2 in each variant's own loop" in said.getvalue()
 
 
+def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy):
+    """`tune --eager-turns-only` takes the eager times of a store's passing rows again, in turns (no
+    gate, no graph timing): a definition of own-loop rows becomes one of turns, resumably; a workload
+    whose turns fail keeps its rows as they were, and says so."""
+    import io
+
+    write_traces(tmp_path, (2, 5))
+    store = tmp_path / "store" / "cpu.sqlite"
+    kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, out=tmp_path / "routers", quick=True)
+    flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)
+    before = {(r.variant, r.uuid): r for r in Store.open(store).results(NAME) if r.status == "PASSED"}
+    assert before and not any("eager_turns_s" in r.metrics for r in before.values())
+    said = io.StringIO()
+    result = flows.tune(tmp_path / "traces", eager_only=True, stream=said, **kw)
+    after = {(r.variant, r.uuid): r for r in Store.open(store).results(NAME) if r.status == "PASSED"}
+    assert set(after) == set(before) and len(result.measured) == len(before)
+    for key, r in after.items():
+        assert "eager_turns_s" in r.metrics and r.measured_at >= before[key].measured_at
+        # the baseline is what the others' calls are paired with
+        assert ("eager_paired" in r.metrics) == (r.variant != registry.baseline(NAME, "cpu").name)
+        assert r.metrics["trials"] == before[key].metrics["trials"]  # the gate's metrics stay
+    assert "eager times in turns and" not in said.getvalue()  # route finds no mix
+    assert not flows.tune(tmp_path / "traces", eager_only=True, stream=io.StringIO(), **kw).measured  # nothing left
+
+    broken = {"on": False}
+
+    def flaky(x, alpha):
+        if broken["on"]:
+            raise RuntimeError("flaky")
+        return x * alpha
+
+    registry.variant(NAME, "toy_flaky", backend="torch", archs=("*",))(flaky)
+    try:
+        flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)  # the new variant, in its own loop
+        broken["on"] = True
+        said = io.StringIO()
+        flows.tune(tmp_path / "traces", eager_only=True, stream=said, **kw)
+    finally:
+        registry.unregister(NAME, "toy_flaky")
+    assert "eager turns failed: RuntimeError: flaky; its rows keep their eager times" in said.getvalue()
+    assert not any("eager_turns_s" in r.metrics for r in Store.open(store).results(NAME) if r.variant == "toy_flaky")
+
+
 def test_a_job_takes_its_variants_eager_times_in_turns(toy):
     """Two variants, the second 4 ms slower a call: their eager times come from the turns (after the
     workload's variants, its own progress message), and the second's calls over the first's of the

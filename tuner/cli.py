@@ -2,7 +2,7 @@
 
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
                    [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N]
-                   [--timeout S] [--screen FACTOR] [--warm N] [--eager-turns]
+                   [--timeout S] [--screen FACTOR] [--warm N] [--eager-turns | --eager-turns-only]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
@@ -71,6 +71,11 @@ def add_commands(sub) -> None:
                    help="take each workload's eager times with its variants in turns, call by call, as `bench` does "
                         "(tuner/job.py); re-measure whole definitions so (--force): `route` warns of a definition "
                         "whose rows mix it with the default, each variant's own loop")
+    p.add_argument("--eager-turns-only", action="store_true",
+                   help="measure nothing new: take the eager times of the store's passing rows (this GPU's, of the "
+                        "variants' current code) again, in turns, workload by workload; no gate, no graph timing "
+                        "(a definition of own-loop rows becomes one of turns in a fraction of a tune; --force: "
+                        "workloads already in turns too)")
     p.add_argument("--pending", action="store_true", help="print what would be measured and stop (no GPU needed: "
                    "without one, the store's newest environment stands in)")
     p.add_argument("--max-minutes", type=float, help="stop measuring after this long (store and routers are "
@@ -173,7 +178,8 @@ def cmd_tune(args) -> int:
              skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
              timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
-             screen=args.screen or None, warm=args.warm, eager_turns=args.eager_turns)
+             screen=args.screen or None, warm=args.warm, eager_turns=args.eager_turns,
+             eager_only=args.eager_turns_only)
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
           f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
     return 0 if r.complete else 3

@@ -21,11 +21,13 @@ from pathlib import Path
 
 from kdispatch import definitions as defs
 from kdispatch import provenance, registry
+from kdispatch.checks import PASSED
 
 from . import codegen, features
 from . import fit as fitting
 from .job import ROUTED_HINTED, WARM_SKIPS
-from .plan import QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, workload_dicts
+from .plan import (QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, retake_plan,
+                   workload_dicts)
 from .pool import Progress, clock, execute
 from .stats import MODES, beats, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug, stores_in
@@ -51,7 +53,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
          trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None,
-         warm: int = 0, eager_turns: bool = False) -> TuneResult:
+         warm: int = 0, eager_turns: bool = False, eager_only: bool = False) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
 
     `warm`: worker processes per GPU that first call every pending variant once on its workload
@@ -69,6 +71,12 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     as `bench` does; rows of each variant's own eager loop (the default) are not comparable with
     them (`route` warns of a definition that mixes the two).
 
+    `eager_only`: measure nothing new; take the eager times of the store's rows again, in turns, each
+    workload's passing rows of this environment and code together (tuner/plan.py `retake_plan`,
+    tuner/job.py `retake_eager_job`): no gate, no graph timing, so a definition measured in each
+    variant's own loop becomes one of turns in a fraction of a tune (`force`: workloads already
+    in turns too). Resumable like a tune.
+
     `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
     compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
     t0 = time.monotonic()
@@ -81,9 +89,13 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
         store = Store.open(path)
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
-    plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force,
-                  skip=set(skip_variants or ()))
-             for d in names]
+    if eager_only:
+        retakes = [retake_plan(store, eid, env["arch"], roots, d, quick, force, SLOW_US) for d in names]
+        plans, retaken = [p for p, _ in retakes], {p.definition: rows for p, rows in retakes}
+    else:
+        plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force,
+                      skip=set(skip_variants or ()))
+                 for d in names]
     total = sum(len(p.pending) for p in plans)
     progress = Progress(total, stream)
     stream.write(f"[tune] {env['device']} ({env['arch']}), torch {env['torch']}, triton {env['triton']}, "
@@ -97,6 +109,10 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     info = {p.definition: p for p in plans}
 
     def on_row(definition: str, row: dict) -> None:
+        if eager_only:
+            if _merge_eager(store, retaken[definition], definition, row, stream):
+                result.measured.append((definition, row["variant"], row["uuid"]))
+            return
         p = info[definition]
         v = p.variants[row["variant"]]
         store.put(_result(eid, definition, v, row))
@@ -105,12 +121,18 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     result.complete = True
     if total:
         # Each GPU worker sees exactly its GPU (CUDA_VISIBLE_DEVICES), as cuda:0.
-        jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", quick,
-                         trials, executor, screen, eager_turns)
+        jobs = make_jobs(plans, len(devices), "cpu" if devices == ["cpu"] else "cuda:0", quick, trials,
+                         "kdispatch.tuner.job:retake_eager_job" if eager_only else executor,
+                         None if eager_only else screen, eager_turns or eager_only)
+        for job in jobs if eager_only else ():  # the rows' first estimates, for the turns' round count
+            rows = retaken[job.definition]
+            job.extra["rows"] = {u: {n: (rows[u][n].method, rows[u][n].eager_us,
+                                         ((rows[u][n].metrics or {}).get("guarded") or {}).get("eager_us"))
+                                     for n in names} for u, names in job.pending.items()}
         deadline = t0 + 60 * max_minutes if max_minutes else None
         previous = signal.signal(signal.SIGTERM, _sigterm) if _main_thread() else None
         try:
-            if warm > 0 and devices != ["cpu"] and not in_process and executor is None:
+            if warm > 0 and devices != ["cpu"] and not in_process and executor is None and not eager_only:
                 result.complete = _warm_up(plans, devices, warm, quick, trials, timeout, deadline, stream)
                 progress.t0 = time.monotonic()  # the measuring's rate, for its ETA
             if result.complete:
@@ -138,6 +160,26 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     stream.write(f"[tune] measured {len(result.measured)} (variant, workload) pairs in {clock(result.seconds)}"
                  + (f"; {left} left: re-run the same command to measure them\n" if left > 0 else "\n"))
     return result
+
+
+def _merge_eager(store: Store, rows: dict, definition: str, row: dict, stream) -> bool:
+    """`tune(eager_only=True)`: a retaken row's eager times (and its turns' metrics) into its stored
+    row, whose pairing with the baseline (`eager_paired`) is replaced or dropped with them; the row
+    says when (`measured_at`). A failed workload's rows are reported once and left as they were."""
+    r = rows.get(row["uuid"], {}).get(row["variant"])
+    if r is None:
+        return False
+    if row.get("status") != PASSED:
+        if row["variant"] == min(rows[row["uuid"]]):  # one line a workload
+            stream.write(f"[tune] {defs.get(definition).short} {row['uuid']}: {row.get('reason', '')}; its rows keep "
+                         "their eager times\n")
+        return False
+    metrics = {k: v for k, v in (r.metrics or {}).items() if k != "eager_paired"}
+    for k, v in row.get("metrics", {}).items():
+        metrics[k] = {**metrics.get("guarded", {}), **v} if k == "guarded" else v
+    times = {k: row[k] for k in ("eager_us", "eager_p10_us", "eager_p90_us", "median_us", "p10_us", "p90_us") if k in row}
+    store.put(dataclasses.replace(r, metrics=metrics, measured_at=row["measured_at"], **times))
+    return True
 
 
 def _warm_up(plans, devices: list[str], per_device: int, quick: bool, trials, timeout: float,

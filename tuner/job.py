@@ -14,6 +14,7 @@ other code, as in serving, not in a hot loop of its own: benchmarks/results/eage
 where the library variants' host paths slow the most (FlashInfer's decode 46.6 -> 69.3 us a call,
 fla's 104 -> 129, kdispatch's CUDA decode 27.8 -> 29.0; the routed op over its variant's direct
 call +2.3 -> +4.1).
+`tune --eager-turns-only` runs `retake_eager_job` instead: the turns alone, on rows a tune stored.
 A crash then loses the workload's rows timed before it (the restarted worker measures them again);
 one during the turns blames no variant. The tune keeps each variant's own eager loop unless asked:
 a store's rows are compared across runs, and a turn's time depends on its companions (colder after
@@ -275,6 +276,64 @@ def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2:
             if cpu:
                 g["median_us"], g["p10_us"], g["p90_us"] = times[(name, "guarded")]
     return {n for n in fns if isinstance(n, str)}
+
+
+def retake_eager_job(job: Job, emit: Callable) -> None:
+    """`tune --eager-turns-only`: per workload, the eager times of the variants in `job.pending` taken
+    again in turns (`_eager_in_turns`), with no gate and no graph timing: the rows passed with this
+    code (tuner/plan.py `retake_plan`), and only their eager times change. `job.extra["rows"]`: uuid ->
+    variant -> (method, eager us, the guarded call's eager us or None), the store's first estimates.
+    Emits a partial row per variant (status, eager times, the turns' metrics; the times of a row
+    timed on the CPU, where the eager time is the time); a workload whose turns fail emits none, and
+    its rows keep their times."""
+    from kdispatch.workloads import materialize
+
+    budget = Budget.quick() if job.quick else Budget()
+    device = torch.device(job.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
+    definition = defs.get(job.definition).name
+    registry.discover()
+    for w in job.workloads:
+        names = job.pending.get(w["uuid"], [])
+        if not names:
+            continue
+        emit("start", EAGER_TURNS, w["uuid"])
+        t0 = time.perf_counter()
+        try:
+            args = list(materialize(definition, gate.trial_workload(w, 0), device=device, seed=0,
+                                    trace_root=w.get("root")))
+            timed_rows = []
+            for name in names:
+                method, eager_us, guarded_us = job.extra["rows"][w["uuid"]][name]
+                fn = resolve_fn(definition, name, w)
+                timed = timed_fn(definition, name, fn)
+                verdict = Verdict(PASSED, metrics={} if guarded_us is None else {"guarded": {"eager_us": guarded_us}})
+                timing = Timing(method, 0.0, 0.0, 0.0, eager_us, 0, 0)
+                timed_rows.append((name, verdict, timing, timed, fn if timed is not fn else None))
+            took = _eager_in_turns(definition, timed_rows, args, budget, l2, job.extra.get("baseline"))
+        except gate.ContextLost:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the rows keep their times (tuner/flows.py stores none of these)
+            reason = f"eager turns failed: {type(exc).__name__}: {exc}"[:500]
+            for name in names:
+                emit("result", {"variant": name, "uuid": w["uuid"], "axes": w["axes"], "status": RUNTIME_ERROR,
+                                "reason": reason, "measured_at": now()})
+            continue
+        seconds = round(time.perf_counter() - t0, 3)
+        for name, verdict, timing, *_ in timed_rows:
+            if name not in took:
+                continue
+            row = {"variant": name, "uuid": w["uuid"], "axes": w["axes"], "status": PASSED, "measured_at": now(),
+                   "eager_us": timing.eager_us, "eager_p10_us": timing.eager_p10_us,
+                   "eager_p90_us": timing.eager_p90_us, "metrics": {**verdict.metrics, "eager_turns_s": seconds}}
+            if timing.method == "cpu":
+                row.update(median_us=timing.median_us, p10_us=timing.p10_us, p90_us=timing.p90_us)
+            emit("result", row)
+        del args
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def warm_job(job: Job, emit: Callable) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kdispatch import definitions as defs
 from kdispatch.arch import device_module
+from kdispatch.checks import PASSED
 from kdispatch import registry
 
 from . import features
@@ -177,6 +178,29 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
         pending.append((n, u))
     info = {n: {k: c[k] for k in ("hash", "backend", "baseline")} for n, c in chosen.items()}
     return Plan(definition, base.name, info, workloads, pending, skipped)
+
+
+def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, quick: bool = False,
+                force: bool = False, slow_us: float = float("inf")) -> tuple[Plan, dict]:
+    """What `tune --eager-turns-only` takes again: on each workload of `roots`, the eager times of every
+    store row of this environment that passed, is of the variant's current code and was timed eagerly
+    under `slow_us` (tuner/timing.py SLOW_US: slower rows keep their own loop's times in turns too), in
+    turns together (tuner/job.py `retake_eager_job`); workloads whose rows all took theirs in turns
+    already are left out unless `force`, and so are those with one such row (a turn needs company).
+    Returns the plan and {uuid: {variant: the row}} of what it takes again."""
+    p = plan(store, env_id, arch, roots, definition, quick=quick, force=True)
+    wanted = set(p.pending)
+    rows: dict[str, dict] = {}
+    for r in store.results(p.definition, env_id):
+        info = p.variants.get(r.variant)
+        if (info is None or r.variant_hash != info["hash"] or (r.variant, r.uuid) not in wanted
+                or r.status != PASSED or r.eager_us is None or r.eager_us >= slow_us):
+            continue
+        rows.setdefault(r.uuid, {})[r.variant] = r
+    rows = {u: by for u, by in rows.items() if len(by) > 1 and
+            (force or any("eager_turns_s" not in (r.metrics or {}) for r in by.values()))}
+    pending = [(n, u) for u in sorted(rows) for n in sorted(rows[u])]
+    return Plan(p.definition, p.baseline, p.variants, p.workloads, pending, p.skipped_unsupported), rows
 
 
 def _unguarded(store: Store, env_id: str, definition: str, base: str, h: str, uuids, planned: set) -> list:
