@@ -433,6 +433,9 @@ def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy)
     flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)
     before = {(r.variant, r.uuid): r for r in Store.open(store).results(NAME) if r.status == "PASSED"}
     assert before and not any("eager_turns_s" in r.metrics for r in before.values())
+    planned = flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                            stream=io.StringIO(), eager_only=True)[NAME]  # `tune --pending --eager-turns-only`
+    assert sum(planned.values()) == len(before)
     said = io.StringIO()
     result = flows.tune(tmp_path / "traces", eager_only=True, stream=said, **kw)
     after = {(r.variant, r.uuid): r for r in Store.open(store).results(NAME) if r.status == "PASSED"}
@@ -444,6 +447,8 @@ def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy)
         assert r.metrics["trials"] == before[key].metrics["trials"]  # the gate's metrics stay
     assert "eager times in turns and" not in said.getvalue()  # route finds no mix
     assert not flows.tune(tmp_path / "traces", eager_only=True, stream=io.StringIO(), **kw).measured  # nothing left
+    assert not flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                             stream=io.StringIO(), eager_only=True)[NAME]
 
     broken = {"on": False}
 

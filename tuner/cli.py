@@ -172,7 +172,8 @@ def cmd_tune(args) -> int:
         from .flows import pending
 
         pending(args.workloads, definitions=args.definitions, variants=args.variants,
-                skip_variants=args.skip_variants, device=args.device, store=args.store)
+                skip_variants=args.skip_variants, device=args.device, store=args.store,
+                eager_only=args.eager_turns_only)
         return 0
     r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
              skip_variants=args.skip_variants, device=args.device,

@@ -289,8 +289,9 @@ def defs_with_hints(definitions=None) -> list[str]:
 
 
 def pending(roots, *, definitions=None, variants=None, skip_variants=None, device: str = "cuda",
-            store: str | Path | None = None, stream=None) -> dict[str, dict[str, int]]:
-    """What `tune` would measure, without measuring: {definition: {variant: pairs}}, printed. On a
+            store: str | Path | None = None, stream=None, eager_only: bool = False) -> dict[str, dict[str, int]]:
+    """What `tune` would measure, without measuring (`eager_only`: what `tune --eager-turns-only`
+    would take again): {definition: {variant: pairs}}, printed. On a
     machine without the store's GPU (a development one) the store's newest environment stands in,
     and a library-backed variant's hash is taken under the library versions its rows there recorded
     (its hash holds the versions installed where it runs): planning the GPU machine's time from here."""
@@ -339,8 +340,9 @@ def pending(roots, *, definitions=None, variants=None, skip_variants=None, devic
                  f"store {path}" + ("" if here else " (its newest environment: this machine has not that GPU)") + "\n")
     out, total = {}, 0
     for d in [defs.resolve_name(x) for x in (definitions or defs.names())]:
-        p = plan(st, eid, env["arch"], roots, d, set(variants) if variants else None,
-                 skip=set(skip_variants or ()), hash_of=hash_of, runs=runs)
+        p = (retake_plan(st, eid, env["arch"], roots, d, slow_us=SLOW_US, hash_of=hash_of, runs=runs)[0]
+             if eager_only else plan(st, eid, env["arch"], roots, d, set(variants) if variants else None,
+                                     skip=set(skip_variants or ()), hash_of=hash_of, runs=runs))
         counts: dict[str, int] = {}
         for name, _u in p.pending:
             counts[name] = counts.get(name, 0) + 1

@@ -181,14 +181,14 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
 
 
 def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, quick: bool = False,
-                force: bool = False, slow_us: float = float("inf")) -> tuple[Plan, dict]:
+                force: bool = False, slow_us: float = float("inf"), hash_of=None, runs=None) -> tuple[Plan, dict]:
     """What `tune --eager-turns-only` takes again: on each workload of `roots`, the eager times of every
     store row of this environment that passed, is of the variant's current code and was timed eagerly
     under `slow_us` (tuner/timing.py SLOW_US: slower rows keep their own loop's times in turns too), in
     turns together (tuner/job.py `retake_eager_job`); workloads whose rows all took theirs in turns
     already are left out unless `force`, and so are those with one such row (a turn needs company).
-    Returns the plan and {uuid: {variant: the row}} of what it takes again."""
-    p = plan(store, env_id, arch, roots, definition, quick=quick, force=True)
+    Returns the plan and {uuid: {variant: the row}} of what it takes again (`hash_of`, `runs`: as `plan`)."""
+    p = plan(store, env_id, arch, roots, definition, quick=quick, force=True, hash_of=hash_of, runs=runs)
     wanted = set(p.pending)
     rows: dict[str, dict] = {}
     for r in store.results(p.definition, env_id):
