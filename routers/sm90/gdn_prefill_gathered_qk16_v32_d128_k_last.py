@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:07Z
+# measured    up to 2026-11-29T13:52:41Z
 # workloads   132 on each of 2 devices (workload-set digest e15c2799ca2fa41f)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -37,8 +37,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.75% mean, 63.41% max;
 #             1.060x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.09% mean, 148.92% max;
-#             1.188x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.10% mean, 141.78% max;
+#             1.181x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 3 and num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
@@ -51,21 +51,20 @@
 #   9. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 148 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 24 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22: triton_prefill_fused.c16v64, 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 224 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. 24 < total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 214: triton_prefill_fused.c16v64, 8 workloads, 4.15x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   6. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 214: triton_prefill_fused.c16v32, 2 workloads, 3.55x (3.14x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   7. 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   8. 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   9. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   10. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   12. 362 < total_seq_len <= 572 and num_seqs <= 2: triton_prefill_fused.c16v32, 2 workloads, 2.82x (2.81x .. 2.83x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   13. 572 < total_seq_len <= 9990 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.11x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-#   14. total_seq_len > 724 and num_seqs > 250: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   15. total_seq_len > 10809 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 48 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.52x (5.78x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 212 and num_seqs > 2: cuda_prefill_pool_rows.k2c8, 30 workloads, 2.23x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   3. 48 < total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.21x (3.97x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 200: triton_prefill_fused.c16v64, 8 workloads, 3.73x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   5. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 200: triton_prefill_fused.c16v32, 2 workloads, 3.02x (2.91x .. 3.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   6. 212 < total_seq_len <= 268 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   7. 212 < total_seq_len <= 268 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.62x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+#   8. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.61x (1.37x .. 1.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.50x (1.33x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   11. 362 < total_seq_len <= 607 and num_seqs <= 2: triton_prefill_fused.c16v32, 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   12. 607 < total_seq_len <= 9950 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
+#   13. total_seq_len > 724 and num_seqs > 250: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   14. total_seq_len > 10809 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -82,21 +81,20 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 24)}, 'workloads': 4, 'speedup': (7.61, 8.76, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.6, 1.95, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 224)}, 'workloads': 24, 'speedup': (1.19, 2.49, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (24, 106)}, 'workloads': 6, 'speedup': (4.1, 6.12, 8.92), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 214), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 8, 'speedup': (2.51, 4.15, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (214, None), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 2, 'speedup': (3.14, 3.55, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (224, 268)}, 'workloads': 12, 'speedup': (1.17, 1.66, 2.6), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.68, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.29, 1.48, 1.78), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (362, 572)}, 'workloads': 2, 'speedup': (2.81, 2.82, 2.83), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (572, 9990)}, 'workloads': 14, 'speedup': (1.49, 2.11, 3.83), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (724, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (10809, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 48)}, 'workloads': 7, 'speedup': (5.78, 7.52, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 30, 'speedup': (1.19, 2.23, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (48, 106)}, 'workloads': 3, 'speedup': (3.97, 4.21, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 200), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 8, 'speedup': (2.51, 3.73, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (200, None), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 2, 'speedup': (2.91, 3.02, 3.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 268)}, 'workloads': 12, 'speedup': (1.17, 1.62, 2.6), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.61, 1.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.33, 1.5, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (362, 607)}, 'workloads': 2, 'speedup': (2.16, 2.46, 2.81), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (607, 9950)}, 'workloads': 14, 'speedup': (1.34, 1.91, 2.6), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (724, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (10809, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -141,49 +139,46 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.76x (7.61x .. 9.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 24 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 6 workloads, 1.95x (1.60x .. 2.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 24 workloads, 2.49x (1.19x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 224 and num_seqs > 2 and mean_seq_len <= 22:
+    # region 1: 7 workloads, 7.52x (5.78x .. 9.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 48 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 30 workloads, 2.23x (1.19x .. 4.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 6.12x (4.10x .. 8.92x) over vllm_flashinfer_prefill
-    if 24 < total_seq_len <= 106 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 8 workloads, 4.15x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 214:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 2 workloads, 3.55x (3.14x .. 4.01x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 214:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 12 workloads, 1.66x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-    if 224 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22:
+    # region 3: 3 workloads, 4.21x (3.97x .. 4.40x) over vllm_flashinfer_prefill
+    if 48 < total_seq_len <= 106 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 8 workloads, 3.73x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 200:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 2 workloads, 3.02x (2.91x .. 3.14x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 200:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 212 < total_seq_len <= 268 and 2 < num_seqs <= 8:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 12 workloads, 1.62x (1.17x .. 2.60x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 268 and num_seqs > 8:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 6 workloads, 1.68x (1.37x .. 1.91x) over vllm_flashinfer_prefill
+    # region 8: 6 workloads, 1.61x (1.37x .. 1.85x) over vllm_flashinfer_prefill
     if 268 < total_seq_len <= 724 and num_seqs > 250:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 128 workloads, the baseline; its stand-ins where it cannot run here
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 128 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 268 and 2 < num_seqs <= 135:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 4 workloads, 1.48x (1.29x .. 1.78x) over vllm_flashinfer_prefill
+    # region 10: 4 workloads, 1.50x (1.33x .. 1.77x) over vllm_flashinfer_prefill
     if total_seq_len > 268 and 135 < num_seqs <= 250:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, 2.82x (2.81x .. 2.83x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 572 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 14 workloads, 2.11x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-    if 572 < total_seq_len <= 9990 and num_seqs <= 2:
+    # region 11: 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 607 and num_seqs <= 2:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
+    if 607 < total_seq_len <= 9950 and num_seqs <= 2:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 20 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 250:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 10809 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -196,8 +191,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.67% mean, 71.64% max;
 #             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.38% mean, 109.29% max;
-#             1.264x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.27% mean, 83.92% max;
+#             1.244x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -230,54 +225,39 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   29. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   30. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 41 and 2 < num_seqs <= 5 and mean_seq_len > 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 41 and 2 < num_seqs <= 11 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 41 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 41 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.81x (1.35x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   8. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.70x (1.60x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-#   10. num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.18x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. 41 < total_seq_len <= 150 and num_seqs > 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 20 workloads, 2.68x (1.49x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   12. total_seq_len > 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.25x (4.10x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 212: triton_prefill_fused.c16v64, 6 workloads, 4.53x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and 212 < max_seq_len <= 361: triton_prefill_fused.c16v32, 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   15. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
-#   16. 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   17. 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   18. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   20. 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   21. 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   22. 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   23. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   24. 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   25. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   26. 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
-#   27. total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   28. 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: triton_prefill_fused.c16v32, 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   31. 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   32. 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   33. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339: triton_prefill_fused.c16v64, 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   35. total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   36. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213: triton_prefill_fused.c16v64, 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 213 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 0 workloads
-#   38. 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   39. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   41. total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   44. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   45. 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   46. 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   47. total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   48. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 41 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 106 and num_seqs <= 1 and mean_seq_len > 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.66x (4.38x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 106 and num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.54x (5.78x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 106 and 1 < num_seqs <= 2 and mean_seq_len > 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.18x (3.97x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.78x (1.35x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   7. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.01x (1.49x .. 2.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.64x (1.60x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 361: triton_prefill_fused.c16v32, 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   10. 41 < total_seq_len <= 789 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 27 workloads, 2.17x (1.44x .. 4.28x) over vllm_flashinfer_prefill
+#   11. 90 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.07x (1.47x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   12. total_seq_len > 106 and num_seqs <= 2 and max_seq_len <= 212: triton_prefill_fused.c16v64, 6 workloads, 3.93x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   13. total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361: triton_prefill_fused.c16v32, 4 workloads, 3.14x (2.91x .. 3.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   14. 181 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.47x (1.42x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   15. 181 < total_seq_len <= 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   16. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 22 and max_seq_len > 71: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.25x (1.15x .. 1.64x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 45 and 43 < max_seq_len <= 71: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   18. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 22 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 89 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 45 and 43 < max_seq_len <= 71: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. total_seq_len > 181 and num_seqs > 38 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.52x (1.46x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   21. total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and 75 < max_seq_len <= 443: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and max_seq_len > 443: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   23. total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 12 and 43 < max_seq_len <= 75: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.12x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   24. total_seq_len > 181 and num_seqs > 38 and mean_seq_len > 6 and max_seq_len > 75: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   25. 724 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
+#   26. 789 < total_seq_len <= 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43: triton_prefill_fused.c16v64, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 789 and 2 < num_seqs <= 48 and mean_seq_len > 11 and max_seq_len <= 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   28. total_seq_len > 789 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.43x (1.29x .. 1.61x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 789 and num_seqs > 48 and mean_seq_len > 11 and max_seq_len <= 29: triton_prefill_fused.c16v64, 2 workloads, 1.16x (1.08x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 789 and num_seqs > 181 and 29 < max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   31. total_seq_len > 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   32. total_seq_len > 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75: vllm_flashinfer_prefill (baseline), 0 workloads
+#   33. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -313,54 +293,39 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, None), 'num_seqs': (2, 5), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (2, 11), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (11, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, 53), 'num_seqs': (None, 2), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (9.63, 9.63, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (7.63, 7.63, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.35, 1.81, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.6, 1.7, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 16, 'speedup': (1.49, 2.17, 3.83), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (None, 28), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (6.72, 8.18, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (2, None), 'total_seq_len': (41, 150)}, 'workloads': 20, 'speedup': (1.49, 2.68, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, 53), 'num_seqs': (None, 2), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (4.1, 4.25, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 212), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 6, 'speedup': (2.51, 4.53, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (212, 361), 'mean_seq_len': (53, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (3.11, 3.5, 4.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 19, 'speedup': (1.39, 1.84, 2.75), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (150, 789)}, 'workloads': 2, 'speedup': (1.42, 1.57, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (181, 335)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 70), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (181, 620)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (2, 11), 'num_seqs': (2, 45), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, 457), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.46, 1.69, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 157), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, 457), 'mean_seq_len': (2, 11), 'num_seqs': (45, 90), 'total_seq_len': (181, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 90), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.17, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 457), 'mean_seq_len': (2, 11), 'num_seqs': (90, None), 'total_seq_len': (181, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (905, None), 'num_seqs': (2, None), 'total_seq_len': (181, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (335, 724)}, 'workloads': 2, 'speedup': (1.12, 1.38, 1.7), 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (2, 5), 'total_seq_len': (335, 2896)}, 'workloads': 2, 'speedup': (1.49, 2.07, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (45, 147), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (328, 457), 'mean_seq_len': (147, None), 'num_seqs': (2, None), 'total_seq_len': (335, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 200), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (335, 2896)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 339), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.2, 1.29, 1.42), 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (457, 905), 'num_seqs': (2, None), 'total_seq_len': (620, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 213), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 3, 'speedup': (1.1, 1.35, 1.51), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (213, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (200, 328), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 20), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.13, 1.24, 1.35), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (20, None), 'num_seqs': (2, 90), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.44, 1.59), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (11, 22), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 161), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (161, 457), 'mean_seq_len': (11, 45), 'num_seqs': (2, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 457), 'num_seqs': (2, None), 'total_seq_len': (5792, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (4.38, 5.66, 7.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (None, 28), 'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (5.78, 7.54, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, None), 'num_seqs': (1, 2), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (3.97, 4.18, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.35, 1.78, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (1.49, 2.01, 2.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.6, 1.64, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (2.16, 2.46, 2.81), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, 22), 'num_seqs': (2, None), 'total_seq_len': (41, 789)}, 'workloads': 27, 'speedup': (1.44, 2.17, 4.28), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (90, 789)}, 'workloads': 8, 'speedup': (1.47, 2.07, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 212), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 6, 'speedup': (2.51, 3.93, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (212, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 4, 'speedup': (2.91, 3.14, 3.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 789)}, 'workloads': 2, 'speedup': (1.42, 1.47, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 75), 'mean_seq_len': (12, None), 'num_seqs': (38, None), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.15, 1.25, 1.64), 'fallbacks': ()},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (None, 45), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (22, None), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 89, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (45, None), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.46, 1.52, 1.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (75, 443), 'mean_seq_len': (2, 6), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.29, 1.4, 1.52), 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (443, None), 'mean_seq_len': (2, 6), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 75), 'mean_seq_len': (2, 12), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (75, None), 'mean_seq_len': (6, None), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (724, 11585)}, 'workloads': 14, 'speedup': (1.34, 1.91, 2.6), 'fallbacks': ()},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (29, 43), 'num_seqs': (2, 181), 'total_seq_len': (789, 1448)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (11, None), 'num_seqs': (2, 48), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.43, 1.61), 'fallbacks': ()},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (11, None), 'num_seqs': (48, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.08, 1.16, 1.23), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 43), 'num_seqs': (181, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 43), 'num_seqs': (2, 181), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 75), 'mean_seq_len': (12, None), 'num_seqs': (38, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -466,141 +431,99 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and 2 < num_seqs <= 5 and mean_seq_len > 2 and max_seq_len <= 43:
+    if total_seq_len <= 41 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and 2 < num_seqs <= 11 and mean_seq_len <= 2 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 6 workloads, 1.81x (1.35x .. 2.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 2 workloads, 5.66x (4.38x .. 7.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 1 and mean_seq_len > 28 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 6 workloads, 7.54x (5.78x .. 9.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 2 workloads, 4.18x (3.97x .. 4.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and 1 < num_seqs <= 2 and mean_seq_len > 28 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 6 workloads, 1.78x (1.35x .. 2.45x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, 1.70x (1.60x .. 1.80x) over vllm_flashinfer_prefill
+    # region 7: 4 workloads, 2.01x (1.49x .. 2.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 2 workloads, 1.64x (1.60x .. 1.68x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 16 workloads, 2.17x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 6 workloads, 8.18x (6.72x .. 9.43x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 20 workloads, 2.68x (1.49x .. 4.28x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 150 and num_seqs > 2 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, 4.25x (4.10x .. 4.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 2 and 28 < mean_seq_len <= 53 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 6 workloads, 4.53x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and max_seq_len <= 212:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 4 workloads, 3.50x (3.11x .. 4.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 53 and 212 < max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 19 workloads, 1.84x (1.39x .. 2.75x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len <= 43:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 361:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 27 workloads, 2.17x (1.44x .. 4.28x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 789 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 1.57x (1.42x .. 1.75x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
+    # region 11: 8 workloads, 2.07x (1.47x .. 3.82x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 6 workloads, 3.93x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 106 and num_seqs <= 2 and max_seq_len <= 212:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 13: 4 workloads, 3.14x (2.91x .. 3.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 2 workloads, 1.47x (1.42x .. 1.52x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 43 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 70 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 620 and num_seqs > 2 and 457 < max_seq_len <= 905:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75:
         return 'triton_prefill_fused.c16v64'
-    # region 22: 2 workloads, 1.69x (1.46x .. 1.96x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len <= 2 and 43 < max_seq_len <= 457:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:
-        return 'triton_prefill_fused.c16v64'
-    # region 24: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 157 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 2 workloads, 1.17x (1.13x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 39 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 2 and max_seq_len > 905:
+    # region 16: 5 workloads, 1.25x (1.15x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 22 and max_seq_len > 71:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 45 and 43 < max_seq_len <= 71:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 89 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 22 and max_seq_len > 71:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 2 workloads, 1.38x (1.12x .. 1.70x) over vllm_flashinfer_prefill's guarded call
-    if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:
-        return 'triton_prefill_fused.c16v32'
-    # region 29: 2 workloads, 2.07x (1.49x .. 2.86x) over vllm_flashinfer_prefill's guarded call
-    if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if 335 < total_seq_len <= 2896 and num_seqs > 2 and 45 < mean_seq_len <= 147 and 328 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 32: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if 335 < total_seq_len <= 2896 and num_seqs > 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:
+    # region 19: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 45 and 43 < max_seq_len <= 71:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 3 workloads, 1.29x (1.20x .. 1.42x) over vllm_flashinfer_prefill's guarded call
-    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:
-        return 'triton_prefill_fused.c16v64'
-    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 339 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 29 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 620 and num_seqs > 2 and 457 < max_seq_len <= 905:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 3 workloads, 1.35x (1.10x .. 1.51x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:
-        return 'triton_prefill_fused.c16v64'
-    # region 38: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 2 workloads, 1.24x (1.13x .. 1.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len <= 20 and max_seq_len <= 43:
-        return 'triton_prefill_fused.c16v64'
-    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 789 and 2 < num_seqs <= 90 and mean_seq_len > 20 and max_seq_len <= 43:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 8 workloads, 1.44x (1.29x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 789 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 43:
+    # region 20: 2 workloads, 1.52x (1.46x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 38 and mean_seq_len <= 2 and max_seq_len > 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 2 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and 75 < max_seq_len <= 443:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and max_seq_len > 443:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 2 workloads, 1.13x (1.12x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 12 and 43 < max_seq_len <= 75:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 789 and num_seqs > 90 and 11 < mean_seq_len <= 22 and max_seq_len <= 43:
+    # region 24: 30 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 38 and mean_seq_len > 6 and max_seq_len > 75:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 789 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 43:
+    # region 26: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
+    if 789 < total_seq_len <= 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 789 and 2 < num_seqs <= 48 and mean_seq_len > 11 and max_seq_len <= 29:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 8 workloads, 1.43x (1.29x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 789 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 29:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 2 workloads, 1.16x (1.08x .. 1.23x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 789 and num_seqs > 48 and mean_seq_len > 11 and max_seq_len <= 29:
+        return 'triton_prefill_fused.c16v64'
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 789 and num_seqs > 181 and 29 < max_seq_len <= 43:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 161 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 2 and 43 < max_seq_len <= 457:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -615,24 +538,12 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 181 < total_seq_len <= 362 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 70:  # region 18
+    if 181 < total_seq_len <= 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75:  # region 15
         return True
-    if 181 < total_seq_len <= 2896 and 2 < num_seqs <= 45 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 457:  # region 21
+    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and 75 < max_seq_len <= 443:  # region 21
         return True
-    if 181 < total_seq_len <= 2896 and 45 < num_seqs <= 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 157:  # region 23
+    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 12 and 43 < max_seq_len <= 75:  # region 23
         return True
-    if 181 < total_seq_len <= 2896 and num_seqs > 90 and 2 < mean_seq_len <= 11 and 43 < max_seq_len <= 90:  # region 25
-        return True
-    if 335 < total_seq_len <= 724 and num_seqs > 2 and mean_seq_len > 45 and 200 < max_seq_len <= 328:  # region 28
-        return True
-    if 335 < total_seq_len <= 2896 and 2 < num_seqs <= 5 and mean_seq_len > 45 and 43 < max_seq_len <= 200:  # region 29
-        return True
-    if 335 < total_seq_len <= 2896 and num_seqs > 2 and mean_seq_len > 147 and 328 < max_seq_len <= 457:  # region 31
-        return True
-    if 362 < total_seq_len <= 724 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 339:  # region 33
-        return True
-    if 724 < total_seq_len <= 1448 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 213:  # region 36
-        return True
-    if 1448 < total_seq_len <= 2896 and num_seqs > 2 and 11 < mean_seq_len <= 45 and 43 < max_seq_len <= 161:  # region 44
+    if total_seq_len > 789 and num_seqs > 48 and mean_seq_len > 11 and max_seq_len <= 29:  # region 29
         return True
     return False

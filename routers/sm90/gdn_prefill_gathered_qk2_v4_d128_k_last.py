@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:18Z
+# measured    up to 2026-11-29T13:50:50Z
 # workloads   132 on each of 2 devices (workload-set digest aa0484f75771c2f5)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -37,8 +37,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 23.61% mean, 340.01% max;
 #             1.198x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 45.47% mean, 356.82% max;
-#             1.722x over the baseline; 12 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 41.30% mean, 298.11% max;
+#             1.749x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 8 workloads, 5.60x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 30 and num_seqs <= 31 and 8 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 2 workloads, 6.19x (6.19x .. 6.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -57,19 +57,22 @@
 #   15. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
 #   16. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 9 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 1681 and 90 < mean_seq_len <= 612: triton_prefill_fused.c16v64, 42 workloads, 3.40x (1.42x .. 8.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1681 and mean_seq_len > 612: triton_prefill_chunked.v64, 2 workloads, 2.50x (1.97x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   4. 9 < total_seq_len <= 42 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. 42 < total_seq_len <= 125 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. 125 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. 264 < total_seq_len <= 533 and mean_seq_len <= 5: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   9. total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. total_seq_len > 533 and mean_seq_len <= 5: triton_prefill_fused.c16v32, 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
-#   11. 1681 < total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 90: triton_prefill_fused.c16v32, 16 workloads, 3.01x (1.15x .. 13.34x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   12. 1681 < total_seq_len <= 4089 and num_seqs <= 4 and mean_seq_len > 90: triton_prefill_chunked.v64, 8 workloads, 1.78x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-#   13. total_seq_len > 4089 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 41 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 9 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 9.54x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 362 and 90 < mean_seq_len <= 200: cuda_prefill_pool_rows.k16c8, 10 workloads, 3.83x (2.24x .. 4.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 362 and mean_seq_len > 200: triton_prefill_fused.c16v64, 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   4. 9 < total_seq_len <= 30 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 6 workloads, 7.31x (3.64x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. 30 < total_seq_len <= 125 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 14 workloads, 5.04x (2.01x .. 7.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. 125 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 3.91x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. total_seq_len > 264 and num_seqs <= 22 and 21 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.07x (2.36x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   8. total_seq_len > 264 and mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len > 264 and 11 < mean_seq_len <= 21: triton_prefill_fused.c16v32, 9 workloads, 1.94x (1.21x .. 3.57x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 264 and num_seqs > 22 and 21 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   11. 362 < total_seq_len <= 1874 and 90 < mean_seq_len <= 613: triton_prefill_fused.c16v32, 32 workloads, 3.40x (2.06x .. 6.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   12. 362 < total_seq_len <= 1874 and mean_seq_len > 613: triton_prefill_chunked.v64, 2 workloads, 2.63x (2.18x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. 1874 < total_seq_len <= 4089 and mean_seq_len > 90: triton_prefill_chunked.v64, 22 workloads, 2.35x (1.26x .. 12.35x) over vllm_flashinfer_prefill
+#   14. 4089 < total_seq_len <= 9553 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   15. 9553 < total_seq_len <= 16830 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.55x (1.14x .. 1.88x) over vllm_flashinfer_prefill
+#   16. total_seq_len > 16830 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -92,19 +95,22 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 9)}, 'workloads': 4, 'speedup': (6.79, 10.57, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (90, 612), 'total_seq_len': (None, 1681)}, 'workloads': 42, 'speedup': (1.42, 3.4, 8.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (612, None), 'total_seq_len': (None, 1681)}, 'workloads': 2, 'speedup': (1.97, 2.5, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 42)}, 'workloads': 7, 'speedup': (3.96, 8.13, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (42, 125)}, 'workloads': 13, 'speedup': (2.16, 5.0, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (125, 264)}, 'workloads': 36, 'speedup': (1.18, 4.03, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (264, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.64, 4.14, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (533, None)}, 'workloads': 8, 'speedup': (1.12, 1.4, 1.8), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, None), 'total_seq_len': (1681, 3436)}, 'workloads': 16, 'speedup': (1.15, 3.01, 13.34), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (1681, 4089)}, 'workloads': 8, 'speedup': (1.18, 1.78, 3.04), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 9)}, 'workloads': 4, 'speedup': (6.79, 9.54, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (90, 200), 'total_seq_len': (None, 362)}, 'workloads': 10, 'speedup': (2.24, 3.83, 4.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (200, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (3.02, 3.19, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 30)}, 'workloads': 6, 'speedup': (3.64, 7.31, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (30, 125)}, 'workloads': 14, 'speedup': (2.01, 5.04, 7.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (125, 264)}, 'workloads': 36, 'speedup': (1.18, 3.91, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (21, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (2.36, 4.07, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (264, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (11, 21), 'total_seq_len': (264, None)}, 'workloads': 9, 'speedup': (1.21, 1.94, 3.57), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 613), 'total_seq_len': (362, 1874)}, 'workloads': 32, 'speedup': (2.06, 3.4, 6.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (613, None), 'total_seq_len': (362, 1874)}, 'workloads': 2, 'speedup': (2.18, 2.63, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (1874, 4089)}, 'workloads': 22, 'speedup': (1.26, 2.35, 12.35), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, 9553)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (9553, 16830)}, 'workloads': 4, 'speedup': (1.14, 1.55, 1.88), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (16830, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -167,45 +173,54 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 9.54x (6.79x .. 20.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 9 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 42 workloads, 3.40x (1.42x .. 8.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1681 and 90 < mean_seq_len <= 612:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 2 workloads, 2.50x (1.97x .. 3.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1681 and mean_seq_len > 612:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 4: 7 workloads, 8.13x (3.96x .. 14.63x) over vllm_flashinfer_prefill
-    if 9 < total_seq_len <= 42 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 13 workloads, 5.00x (2.16x .. 10.71x) over vllm_flashinfer_prefill
-    if 42 < total_seq_len <= 125 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 36 workloads, 4.03x (1.18x .. 9.95x) over vllm_flashinfer_prefill
+    # region 2: 10 workloads, 3.83x (2.24x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 90 < mean_seq_len <= 200:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len > 200:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 6 workloads, 7.31x (3.64x .. 14.63x) over vllm_flashinfer_prefill
+    if 9 < total_seq_len <= 30 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 14 workloads, 5.04x (2.01x .. 7.73x) over vllm_flashinfer_prefill
+    if 30 < total_seq_len <= 125 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 36 workloads, 3.91x (1.18x .. 9.95x) over vllm_flashinfer_prefill
     if 125 < total_seq_len <= 264 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 264 < total_seq_len <= 533 and mean_seq_len <= 5:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 20 workloads, 4.14x (1.64x .. 6.75x) over vllm_flashinfer_prefill
-    if total_seq_len > 264 and num_seqs <= 22 and 5 < mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 41 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 264 and num_seqs > 22 and 5 < mean_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 8 workloads, 1.40x (1.12x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 20 workloads, 4.07x (2.36x .. 6.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 264 and num_seqs <= 22 and 21 < mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 26 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 264 and mean_seq_len <= 11:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 9 workloads, 1.94x (1.21x .. 3.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 264 and 11 < mean_seq_len <= 21:
         return 'triton_prefill_fused.c16v32'
-    # region 11: 16 workloads, 3.01x (1.15x .. 13.34x) over vllm_flashinfer_prefill
-    if 1681 < total_seq_len <= 3436 and num_seqs > 4 and mean_seq_len > 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 8 workloads, 1.78x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-    if 1681 < total_seq_len <= 4089 and num_seqs <= 4 and mean_seq_len > 90:
+    # region 10: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 264 and num_seqs > 22 and 21 < mean_seq_len <= 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 32 workloads, 3.40x (2.06x .. 6.74x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1874 and 90 < mean_seq_len <= 613:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 2 workloads, 2.63x (2.18x .. 3.17x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1874 and mean_seq_len > 613:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 13: 22 workloads, 2.35x (1.26x .. 12.35x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 4089 and mean_seq_len > 90:
         return 'triton_prefill_chunked.v64'
-    # region 13: 41 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4089 and mean_seq_len > 90:
+    # region 14: 29 workloads, the baseline; its stand-ins where it cannot run here
+    if 4089 < total_seq_len <= 9553 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 4 workloads, 1.55x (1.14x .. 1.88x) over vllm_flashinfer_prefill
+    if 9553 < total_seq_len <= 16830 and mean_seq_len > 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 16830 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -223,8 +238,8 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.25% mean, 73.88% max;
 #             1.354x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.83% mean, 168.94% max;
-#             2.251x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.25% mean, 168.94% max;
+#             2.240x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 11 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.38x (8.91x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 24 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.24x (7.62x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -279,63 +294,53 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #   51. total_seq_len > 9553 and num_seqs <= 22 and max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.72x (1.70x .. 1.74x) over vllm_flashinfer_prefill
 #   52. total_seq_len > 9553 and num_seqs <= 22 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 16 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs > 31 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and num_seqs <= 31 and 45 < max_seq_len <= 85: cuda_prefill_pool_rows.k16c8, 7 workloads, 4.33x (2.43x .. 6.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 362 and num_seqs <= 31 and 122 < max_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 4 workloads, 5.14x (4.73x .. 6.13x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   5. total_seq_len <= 362 and num_seqs > 31 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.35x (2.26x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 362 and num_seqs > 31 and 49 < max_seq_len <= 124: cuda_prefill_pool_rows.k16c8, 4 workloads, 2.48x (2.16x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   7. total_seq_len <= 724 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 415: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   8. total_seq_len <= 724 and 31 < num_seqs <= 181 and 415 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v32, 10 workloads, 2.75x (1.91x .. 6.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   10. total_seq_len <= 2896 and 31 < num_seqs <= 90 and max_seq_len > 930: triton_prefill_chunked.v64, 3 workloads, 1.21x (1.13x .. 1.30x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 2896 and num_seqs > 31 and 124 < max_seq_len <= 256: triton_prefill_fused.c16v64, 3 workloads, 1.64x (1.35x .. 1.81x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.63x (1.09x .. 2.44x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 2896 and num_seqs > 181 and 256 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 3465 and num_seqs <= 1 and max_seq_len > 726: triton_prefill_chunked.v64, 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len <= 362 and max_seq_len > 726: triton_prefill_chunked.v64, 12 workloads, 2.54x (1.40x .. 4.66x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   16. total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and 726 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.57x (2.21x .. 2.98x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   17. total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and max_seq_len > 1091: triton_prefill_chunked.v64, 4 workloads, 1.95x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 4 and 85 < max_seq_len <= 122: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.15x (3.34x .. 5.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   19. num_seqs <= 31 and mean_seq_len <= 5 and 7 < max_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. num_seqs <= 31 and mean_seq_len <= 158 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v32, 26 workloads, 3.51x (1.82x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   21. num_seqs <= 31 and mean_seq_len > 5 and 7 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 19 workloads, 7.20x (4.33x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. num_seqs <= 31 and 158 < mean_seq_len <= 328 and 161 < max_seq_len <= 726: triton_prefill_fused.c16v64, 14 workloads, 3.76x (2.43x .. 6.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   23. 4 < num_seqs <= 31 and 85 < max_seq_len <= 122: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.81x (3.68x .. 6.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   24. 16 < total_seq_len <= 30 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 7.80x (3.96x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   25. total_seq_len > 30 and num_seqs <= 31 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   26. 90 < total_seq_len <= 362 and num_seqs > 31 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.36x (2.58x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   27. total_seq_len > 181 and num_seqs <= 31 and 45 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.80x (3.98x .. 7.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   28. 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.75x (1.88x .. 3.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   29. 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and 21 < max_seq_len <= 49: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.95x (2.45x .. 3.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   30. 362 < total_seq_len <= 724 and num_seqs > 31 and 49 < max_seq_len <= 124: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   31. 362 < total_seq_len <= 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.02x (1.41x .. 2.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   32. total_seq_len > 362 and num_seqs <= 31 and 122 < max_seq_len <= 161: triton_prefill_fused.c16v64, 8 workloads, 6.26x (3.47x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   33. total_seq_len > 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.69x (1.74x .. 3.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   34. 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   35. 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 295 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   36. 724 < total_seq_len <= 2896 and num_seqs > 31 and 49 < max_seq_len <= 80: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   37. 724 < total_seq_len <= 2896 and num_seqs > 31 and 80 < max_seq_len <= 124: triton_prefill_fused.c16v32, 4 workloads, 2.20x (1.66x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   38. 2896 < total_seq_len <= 4833 and num_seqs > 31 and mean_seq_len <= 362 and max_seq_len > 221: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   39. 2896 < total_seq_len <= 11585 and num_seqs > 192 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 2 workloads, 1.33x (1.16x .. 1.51x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.33x (2.29x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   41. total_seq_len > 2896 and 31 < num_seqs <= 192 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 4 workloads, 1.63x (1.50x .. 1.90x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.13x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   43. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and 221 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
-#   45. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and 726 < max_seq_len <= 5419: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.80x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   46. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and max_seq_len > 5419: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   47. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and 726 < max_seq_len <= 4095: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.68x (1.42x .. 1.98x) over vllm_flashinfer_prefill
-#   48. total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and max_seq_len > 4095: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   49. 4833 < total_seq_len <= 11585 and num_seqs > 31 and mean_seq_len <= 213 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   51. total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   52. total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   53. total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 564 < max_seq_len <= 828: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   54. total_seq_len > 4833 and num_seqs > 31 and 213 < mean_seq_len <= 362 and max_seq_len > 221: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   55. total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   56. total_seq_len > 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and max_seq_len > 828: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   57. total_seq_len > 11585 and num_seqs > 192 and 49 < max_seq_len <= 221: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 45 and 10 < num_seqs <= 51 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.42x (3.79x .. 7.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and 10 < num_seqs <= 51 and 2 < max_seq_len <= 693: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 90 and num_seqs <= 10 and max_seq_len <= 68: cuda_prefill_pool_rows.k16c8, 15 workloads, 7.79x (5.57x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and 51 < num_seqs <= 90 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.13x (2.99x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 181 and 51 < num_seqs <= 90 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.64x (3.08x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693: triton_prefill_fused.c16v64, 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.37x (2.22x .. 2.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   8. total_seq_len <= 374 and num_seqs <= 10 and 68 < max_seq_len <= 146: cuda_prefill_pool_rows.k16c8, 12 workloads, 4.84x (3.27x .. 6.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 754 and num_seqs > 90 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.55x (1.88x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   10. total_seq_len <= 754 and num_seqs > 90 and 12 < max_seq_len <= 49: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. total_seq_len <= 1448 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693: triton_prefill_chunked.v64, 7 workloads, 2.72x (1.25x .. 4.66x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462: triton_prefill_chunked.v64, 10 workloads, 2.32x (1.70x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and 3462 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   14. total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   15. total_seq_len <= 16584 and num_seqs > 79 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.39x .. 1.66x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 16584 and num_seqs > 79 and 221 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   17. total_seq_len <= 16584 and num_seqs > 79 and 314 < max_seq_len <= 1355: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.22x (1.15x .. 1.31x) over vllm_flashinfer_prefill
+#   18. total_seq_len <= 16584 and num_seqs > 79 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   19. num_seqs <= 10 and mean_seq_len <= 245 and 146 < max_seq_len <= 693: triton_prefill_fused.c16v32, 20 workloads, 3.49x (2.40x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   20. 51 < num_seqs <= 79 and 125 < max_seq_len <= 339: triton_prefill_fused.c16v64, 4 workloads, 1.50x (1.35x .. 1.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   21. 51 < num_seqs <= 79 and 339 < max_seq_len <= 928: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   22. 51 < num_seqs <= 79 and 928 < max_seq_len <= 1356: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   23. 51 < num_seqs <= 79 and max_seq_len > 1356: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 3 workloads, 6.98x (6.74x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   25. 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and 10 < max_seq_len <= 693: cuda_prefill_pool_rows.k16c8, 10 workloads, 4.15x (2.01x .. 9.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   26. total_seq_len > 90 and num_seqs <= 10 and max_seq_len <= 68: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.12x (4.60x .. 7.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   27. 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.72x (2.26x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   28. 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and 9 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.71x (2.58x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   29. 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.61x (1.92x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   30. 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and 126 < max_seq_len <= 693: triton_prefill_fused.c16v32, 9 workloads, 3.37x (1.37x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693: triton_prefill_fused.c16v32, 18 workloads, 3.11x (1.91x .. 6.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   32. total_seq_len > 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 80: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   33. total_seq_len > 362 and 51 < num_seqs <= 79 and 80 < max_seq_len <= 125: triton_prefill_fused.c16v32, 4 workloads, 2.06x (1.61x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   34. total_seq_len > 362 and 51 < num_seqs <= 90 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.56x (1.41x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   35. total_seq_len > 374 and num_seqs <= 10 and 68 < max_seq_len <= 146: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.06x (4.90x .. 7.71x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 754 and num_seqs > 90 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.52x (2.01x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   37. total_seq_len > 754 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 49: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   38. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and 693 < max_seq_len <= 1355: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   39. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 1355: triton_prefill_chunked.v64, 5 workloads, 2.13x (1.22x .. 3.23x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len <= 693: triton_prefill_fused.c16v64, 11 workloads, 2.71x (1.24x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   41. total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len > 362 and max_seq_len <= 693: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.22x (2.17x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. total_seq_len > 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.75x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   44. total_seq_len > 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 3462: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   45. total_seq_len > 16584 and 79 < num_seqs <= 181 and 49 < max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.46x (1.14x .. 1.88x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 16584 and 79 < num_seqs <= 181 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   47. total_seq_len > 16584 and num_seqs > 181 and max_seq_len > 49: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (8.91, 9.38, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
@@ -393,63 +398,53 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (None, 16)}, 'workloads': 4, 'speedup': (6.79, 10.57, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (31, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 85), 'num_seqs': (None, 31), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.43, 4.33, 6.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (122, 161), 'num_seqs': (None, 31), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (4.73, 5.14, 6.13), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (31, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.26, 3.35, 5.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (49, 124), 'num_seqs': (31, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.16, 2.48, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 415), 'num_seqs': (31, 181), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (415, 930), 'num_seqs': (31, 181), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (328, None), 'num_seqs': (None, 31), 'total_seq_len': (None, 2896)}, 'workloads': 10, 'speedup': (1.91, 2.75, 6.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (930, None), 'num_seqs': (31, 90), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.13, 1.21, 1.3), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (124, 256), 'num_seqs': (31, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.35, 1.64, 1.81), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (930, None), 'num_seqs': (90, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.63, 2.44), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, 930), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 3465)}, 'workloads': 4, 'speedup': (1.36, 2.07, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 15, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, None), 'mean_seq_len': (None, 362), 'num_seqs': (1, 31), 'total_seq_len': (None, 3465)}, 'workloads': 12, 'speedup': (1.4, 2.54, 4.66), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 1091), 'mean_seq_len': (362, None), 'num_seqs': (1, 31), 'total_seq_len': (None, 3465)}, 'workloads': 2, 'speedup': (2.21, 2.57, 2.98), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (362, None), 'num_seqs': (1, 31), 'total_seq_len': (None, 3465)}, 'workloads': 4, 'speedup': (1.18, 1.95, 3.04), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (85, 122), 'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (3.34, 4.15, 5.33), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 45), 'mean_seq_len': (None, 5), 'num_seqs': (None, 31)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (None, 158), 'num_seqs': (None, 31)}, 'workloads': 26, 'speedup': (1.82, 3.51, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 45), 'mean_seq_len': (5, None), 'num_seqs': (None, 31)}, 'workloads': 19, 'speedup': (4.33, 7.2, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (158, 328), 'num_seqs': (None, 31)}, 'workloads': 14, 'speedup': (2.43, 3.76, 6.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (85, 122), 'num_seqs': (4, 31)}, 'workloads': 4, 'speedup': (3.68, 4.81, 6.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (16, 30)}, 'workloads': 4, 'speedup': (3.96, 7.8, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 31), 'total_seq_len': (30, None)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (31, None), 'total_seq_len': (90, 362)}, 'workloads': 4, 'speedup': (2.58, 3.36, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 85), 'num_seqs': (None, 31), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (3.98, 5.8, 7.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (362, 533)}, 'workloads': 7, 'speedup': (1.88, 2.75, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (21, 49), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.45, 2.95, 3.56), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 124), 'num_seqs': (31, None), 'total_seq_len': (362, 724)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (31, None), 'total_seq_len': (362, 2896)}, 'workloads': 3, 'speedup': (1.41, 2.02, 2.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (122, 161), 'num_seqs': (None, 31), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (3.47, 6.26, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (31, None), 'total_seq_len': (533, None)}, 'workloads': 12, 'speedup': (1.74, 2.69, 3.96), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (256, 295), 'num_seqs': (31, 181), 'total_seq_len': (724, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (295, 930), 'num_seqs': (31, 181), 'total_seq_len': (724, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 80), 'num_seqs': (31, None), 'total_seq_len': (724, 2896)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (80, 124), 'num_seqs': (31, None), 'total_seq_len': (724, 2896)}, 'workloads': 4, 'speedup': (1.66, 2.2, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (None, 362), 'num_seqs': (31, None), 'total_seq_len': (2896, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (192, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.16, 1.33, 1.51), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (161, 726), 'mean_seq_len': (328, None), 'num_seqs': (None, 31), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (2.29, 2.33, 2.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (31, 192), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.5, 1.63, 1.9), 'fallbacks': ()},
-    {'region': 42, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.29, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 2896), 'mean_seq_len': (362, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (362, None), 'num_seqs': (31, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 5419), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.4, 1.8, 3.5), 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5419, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (726, 4095), 'mean_seq_len': (1448, None), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.42, 1.68, 1.98), 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4095, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 31), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (828, 2896), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 2896), 'mean_seq_len': (None, 106), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 564), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, 828), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (213, 362), 'num_seqs': (31, None), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (None, 106), 'num_seqs': (31, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (106, 213), 'num_seqs': (31, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (192, None), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (10, 51), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (3.79, 5.42, 7.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 693), 'num_seqs': (10, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 68), 'num_seqs': (None, 10), 'total_seq_len': (None, 90)}, 'workloads': 15, 'speedup': (5.57, 7.79, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.99, 3.13, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.08, 3.64, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (146, 693), 'mean_seq_len': (245, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (3.02, 3.19, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (49, 125), 'num_seqs': (51, 79), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.22, 2.37, 2.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (68, 146), 'num_seqs': (None, 10), 'total_seq_len': (None, 374)}, 'workloads': 12, 'speedup': (3.27, 4.84, 6.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'num_seqs': (90, None), 'total_seq_len': (None, 754)}, 'workloads': 6, 'speedup': (1.88, 2.55, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 49), 'num_seqs': (90, None), 'total_seq_len': (None, 754)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (693, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.25, 2.72, 4.66), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (693, 3462), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 3465)}, 'workloads': 10, 'speedup': (1.7, 2.32, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3462, 5267), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 11585)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 4, 'speedup': (1.39, 1.53, 1.66), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, 314), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (314, 1355), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 2, 'speedup': (1.15, 1.22, 1.31), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (146, 693), 'mean_seq_len': (None, 245), 'num_seqs': (None, 10)}, 'workloads': 20, 'speedup': (2.4, 3.49, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 339), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.35, 1.5, 1.67), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 928), 'num_seqs': (51, 79)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (928, 1356), 'num_seqs': (51, 79)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1356, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (10, 51), 'total_seq_len': (45, 181)}, 'workloads': 3, 'speedup': (6.74, 6.98, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 693), 'num_seqs': (10, 51), 'total_seq_len': (45, 181)}, 'workloads': 10, 'speedup': (2.01, 4.15, 9.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 68), 'num_seqs': (None, 10), 'total_seq_len': (90, None)}, 'workloads': 6, 'speedup': (4.6, 6.12, 7.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'num_seqs': (51, 90), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (2.26, 2.72, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 49), 'num_seqs': (51, 90), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (2.58, 2.71, 2.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (10, 51), 'total_seq_len': (181, 1448)}, 'workloads': 12, 'speedup': (1.92, 4.61, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (126, 693), 'num_seqs': (10, 51), 'total_seq_len': (181, 1448)}, 'workloads': 9, 'speedup': (1.37, 3.37, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (146, 693), 'mean_seq_len': (245, None), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 18, 'speedup': (1.91, 3.11, 6.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 80), 'num_seqs': (51, 79), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (80, 125), 'num_seqs': (51, 79), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.61, 2.06, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (51, 90), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (1.41, 2.56, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (68, 146), 'num_seqs': (None, 10), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (4.9, 6.06, 7.71), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (90, None), 'total_seq_len': (754, None)}, 'workloads': 8, 'speedup': (2.01, 2.52, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (754, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (693, 1355), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.9, 2.24, 2.64), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1355, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 5, 'speedup': (1.22, 2.13, 3.23), 'fallbacks': ()},
+    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 693), 'mean_seq_len': (None, 362), 'num_seqs': (10, 51), 'total_seq_len': (1448, None)}, 'workloads': 11, 'speedup': (1.24, 2.71, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 693), 'mean_seq_len': (362, None), 'num_seqs': (10, 51), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.17, 2.22, 2.29), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (693, 3462), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (3465, None)}, 'workloads': 10, 'speedup': (1.4, 1.75, 3.5), 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (693, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3462, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (11585, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (49, 5792), 'num_seqs': (79, 181), 'total_seq_len': (16584, None)}, 'workloads': 2, 'speedup': (1.14, 1.46, 1.88), 'fallbacks': ()},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'num_seqs': (79, 181), 'total_seq_len': (16584, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (181, None), 'total_seq_len': (16584, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -614,173 +609,146 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 10.57x (6.79x .. 20.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16 and num_seqs <= 31 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 2 workloads, 5.42x (3.79x .. 7.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 10 < num_seqs <= 51 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs > 31 and 5 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 7 workloads, 4.33x (2.43x .. 6.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 31 and 45 < max_seq_len <= 85:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 5.14x (4.73x .. 6.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 31 and 122 < max_seq_len <= 161:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 4 workloads, 3.35x (2.26x .. 5.52x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 31 and max_seq_len <= 5:
+    if total_seq_len <= 45 and 10 < num_seqs <= 51 and 2 < max_seq_len <= 693:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 15 workloads, 7.79x (5.57x .. 20.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 10 and max_seq_len <= 68:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 3.13x (2.99x .. 3.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 51 < num_seqs <= 90 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 4 workloads, 2.48x (2.16x .. 3.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 31 and 49 < max_seq_len <= 124:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 415:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and 31 < num_seqs <= 181 and 415 < max_seq_len <= 930:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 10 workloads, 2.75x (1.91x .. 6.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 3 workloads, 1.21x (1.13x .. 1.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 31 < num_seqs <= 90 and max_seq_len > 930:
-        return 'triton_prefill_chunked.v64'
-    # region 11: 3 workloads, 1.64x (1.35x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 31 and 124 < max_seq_len <= 256:
-        return 'triton_prefill_fused.c16v64'
-    # region 12: 2 workloads, 1.63x (1.09x .. 2.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and num_seqs > 181 and 256 < max_seq_len <= 930:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 4 workloads, 2.07x (1.36x .. 3.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and num_seqs <= 1 and max_seq_len > 726:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 15: 12 workloads, 2.54x (1.40x .. 4.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len <= 362 and max_seq_len > 726:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 16: 2 workloads, 2.57x (2.21x .. 2.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and 726 < max_seq_len <= 1091:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, 1.95x (1.18x .. 3.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and 1 < num_seqs <= 31 and mean_seq_len > 362 and max_seq_len > 1091:
-        return 'triton_prefill_chunked.v64'
-    # region 18: 4 workloads, 4.15x (3.34x .. 5.33x) over vllm_flashinfer_prefill
-    if num_seqs <= 4 and 85 < max_seq_len <= 122:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 19: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and mean_seq_len <= 5 and 7 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 20: 26 workloads, 3.51x (1.82x .. 6.75x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and mean_seq_len <= 158 and 161 < max_seq_len <= 726:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 21: 19 workloads, 7.20x (4.33x .. 11.92x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and mean_seq_len > 5 and 7 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 22: 14 workloads, 3.76x (2.43x .. 6.62x) over vllm_flashinfer_prefill
-    if num_seqs <= 31 and 158 < mean_seq_len <= 328 and 161 < max_seq_len <= 726:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 4 workloads, 4.81x (3.68x .. 6.19x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 31 and 85 < max_seq_len <= 122:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 24: 4 workloads, 7.80x (3.96x .. 14.63x) over vllm_flashinfer_prefill
-    if 16 < total_seq_len <= 30 and num_seqs <= 31 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 30 and num_seqs <= 31 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 4 workloads, 3.36x (2.58x .. 4.29x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 362 and num_seqs > 31 and 5 < max_seq_len <= 49:
+    # region 5: 2 workloads, 3.64x (3.08x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 51 < num_seqs <= 90 and 5 < max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 27: 6 workloads, 5.80x (3.98x .. 7.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 31 and 45 < max_seq_len <= 85:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 28: 7 workloads, 2.75x (1.88x .. 3.65x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 21:
+    # region 6: 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 2 workloads, 2.37x (2.22x .. 2.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 12 workloads, 4.84x (3.27x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 10 and 68 < max_seq_len <= 146:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 6 workloads, 2.55x (1.88x .. 3.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 90 and max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 2 workloads, 2.95x (2.45x .. 3.56x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 31 and mean_seq_len <= 22 and 21 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 30: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 724 and num_seqs > 31 and 49 < max_seq_len <= 124:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 31: 3 workloads, 2.02x (1.41x .. 2.42x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 8 workloads, 6.26x (3.47x .. 19.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 31 and 122 < max_seq_len <= 161:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 12 workloads, 2.69x (1.74x .. 3.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and num_seqs > 31 and mean_seq_len <= 22 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295:
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 754 and num_seqs > 90 and 12 < max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 7 workloads, 2.72x (1.25x .. 4.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 12: 10 workloads, 2.32x (1.70x .. 3.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and 3462 < max_seq_len <= 5267:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 5267:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 4 workloads, 1.53x (1.39x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 16584 and num_seqs > 79 and 49 < max_seq_len <= 221:
         return 'triton_prefill_fused.c16v64'
-    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 295 < max_seq_len <= 930:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 2896 and num_seqs > 31 and 49 < max_seq_len <= 80:
+    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 16584 and num_seqs > 79 and 221 < max_seq_len <= 314:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 2 workloads, 1.22x (1.15x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 16584 and num_seqs > 79 and 314 < max_seq_len <= 1355:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 16584 and num_seqs > 79 and max_seq_len > 1355:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 20 workloads, 3.49x (2.40x .. 5.98x) over vllm_flashinfer_prefill
+    if num_seqs <= 10 and mean_seq_len <= 245 and 146 < max_seq_len <= 693:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 4 workloads, 1.50x (1.35x .. 1.67x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 79 and 125 < max_seq_len <= 339:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 37: 4 workloads, 2.20x (1.66x .. 3.57x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 2896 and num_seqs > 31 and 80 < max_seq_len <= 124:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 4833 and num_seqs > 31 and mean_seq_len <= 362 and max_seq_len > 221:
+    # region 21: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 51 < num_seqs <= 79 and 339 < max_seq_len <= 928:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 51 < num_seqs <= 79 and 928 < max_seq_len <= 1356:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 2 workloads, 1.33x (1.16x .. 1.51x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 11585 and num_seqs > 192 and 49 < max_seq_len <= 221:
-        return 'triton_prefill_fused.c16v64'
-    # region 40: 2 workloads, 2.33x (2.29x .. 2.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 31 and mean_seq_len > 328 and 161 < max_seq_len <= 726:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 4 workloads, 1.63x (1.50x .. 1.90x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 31 < num_seqs <= 192 and 49 < max_seq_len <= 221:
-        return 'triton_prefill_fused.c16v64'
-    # region 42: 2 workloads, 1.29x (1.13x .. 1.46x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:
-        return 'triton_prefill_fused.c16v64'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 362 and 221 < max_seq_len <= 2896:
+    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 51 < num_seqs <= 79 and max_seq_len > 1356:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 3 workloads, 6.98x (6.74x .. 7.11x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 25: 10 workloads, 4.15x (2.01x .. 9.50x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and 10 < max_seq_len <= 693:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 26: 6 workloads, 6.12x (4.60x .. 7.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 10 and max_seq_len <= 68:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 27: 2 workloads, 2.72x (2.26x .. 3.28x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 2 workloads, 2.71x (2.58x .. 2.85x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and 9 < max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 29: 12 workloads, 4.61x (1.92x .. 9.41x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and max_seq_len <= 126:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 30: 9 workloads, 3.37x (1.37x .. 6.75x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and 126 < max_seq_len <= 693:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 31: 18 workloads, 3.11x (1.91x .. 6.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 80:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 33: 4 workloads, 2.06x (1.61x .. 3.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 51 < num_seqs <= 79 and 80 < max_seq_len <= 125:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 34: 8 workloads, 2.56x (1.41x .. 3.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 51 < num_seqs <= 90 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 4 workloads, 6.06x (4.90x .. 7.71x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and num_seqs <= 10 and 68 < max_seq_len <= 146:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 36: 8 workloads, 2.52x (2.01x .. 3.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 754 and num_seqs > 90 and mean_seq_len <= 22 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 754 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 49:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and 693 < max_seq_len <= 1355:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 39: 5 workloads, 2.13x (1.22x .. 3.23x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 1355:
+        return 'triton_prefill_chunked.v64'
+    # region 40: 11 workloads, 2.71x (1.24x .. 19.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len <= 693:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 41: 2 workloads, 2.22x (2.17x .. 2.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len > 362 and max_seq_len <= 693:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 42: 10 workloads, 1.75x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 8 workloads, 1.80x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and 726 < max_seq_len <= 5419:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len <= 1448 and max_seq_len > 5419:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 2 workloads, 1.68x (1.42x .. 1.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and 726 < max_seq_len <= 4095:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and num_seqs <= 31 and mean_seq_len > 1448 and max_seq_len > 4095:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 11585 and num_seqs > 31 and mean_seq_len <= 213 and max_seq_len > 2896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
-    if 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 53: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 564 < max_seq_len <= 828:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4833 and num_seqs > 31 and 213 < mean_seq_len <= 362 and max_seq_len > 221:
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 55: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 56: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and max_seq_len > 828:
+    # region 44: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 3462:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 57: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs > 192 and 49 < max_seq_len <= 221:
+    # region 45: 2 workloads, 1.46x (1.14x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 16584 and 79 < num_seqs <= 181 and 49 < max_seq_len <= 5792:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 16584 and 79 < num_seqs <= 181 and max_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 16584 and num_seqs > 181 and max_seq_len > 49:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -800,24 +768,5 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 46
         return True
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563:  # region 48
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 415:  # region 7
-        return True
-    if 724 < total_seq_len <= 2896 and 31 < num_seqs <= 181 and 256 < max_seq_len <= 295:  # region 34
-        return True
-    if total_seq_len > 2896 and num_seqs > 31 and mean_seq_len > 22 and max_seq_len <= 49:  # region 42
-        return True
-    if 4833 < total_seq_len <= 11585 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 828 < max_seq_len <= 2896:  # region 50
-        return True
-    if total_seq_len > 4833 and num_seqs > 31 and mean_seq_len <= 106 and 221 < max_seq_len <= 2896:  # region 51
-        return True
-    if total_seq_len > 4833 and num_seqs > 31 and 106 < mean_seq_len <= 213 and 221 < max_seq_len <= 564:  # region 52
-        return True
-    if total_seq_len > 11585 and num_seqs > 31 and mean_seq_len <= 106 and max_seq_len > 2896:  # region 55
         return True
     return False

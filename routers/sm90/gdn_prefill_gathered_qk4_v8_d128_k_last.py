@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:32Z
+# measured    up to 2026-11-29T13:51:25Z
 # workloads   132 on each of 2 devices (workload-set digest 03a51fc2d6474a56)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 11.48% mean, 204.18% max;
 #             1.142x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 23.71% mean, 354.35% max;
-#             1.486x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.97% mean, 354.35% max;
+#             1.562x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len > 7: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
@@ -53,18 +53,19 @@
 #   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   11. total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 181 and 8 < num_seqs <= 62: cuda_prefill_pool_rows.k16c8, 15 workloads, 2.59x (1.62x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 181 and num_seqs > 62: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.51x (1.71x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 22 workloads, 1.98x (1.29x .. 3.08x) over vllm_flashinfer_prefill
-#   5. num_seqs <= 8 and mean_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 6 workloads, 9.45x (5.31x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   6. num_seqs <= 8 and 4 < mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 5 workloads, 9.04x (4.64x .. 18.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len > 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   8. 181 < total_seq_len <= 362 and num_seqs > 46: cuda_prefill_pool_rows.k16c8, 6 workloads, 1.79x (1.14x .. 2.95x) over vllm_flashinfer_prefill
-#   9. 181 < total_seq_len <= 399 and 8 < num_seqs <= 46: cuda_prefill_pool_rows.k8c8, 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   10. total_seq_len > 399 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.74x (1.04x .. 3.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   11. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 114 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.17x (2.20x .. 4.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   2. total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 257 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k16c8, 23 workloads, 2.32x (1.14x .. 7.59x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 1205 and num_seqs <= 8 and 362 < mean_seq_len <= 601: triton_prefill_fused.c16v64, 8 workloads, 2.28x (1.35x .. 3.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len > 601: triton_prefill_chunked.v64, 2 workloads, 1.81x (1.74x .. 1.88x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   6. 114 < total_seq_len <= 397 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.28x (1.71x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   7. 221 < total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 40 workloads, 3.19x (1.49x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   8. 257 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.79x (2.15x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len > 397 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.90x (1.23x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   10. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. 1205 < total_seq_len <= 5258 and num_seqs <= 7: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.78x (1.29x .. 2.21x) over vllm_flashinfer_prefill
+#   12. 1205 < total_seq_len <= 5258 and 7 < num_seqs <= 8: triton_prefill_fused.c16v32, 6 workloads, 2.01x (1.31x .. 4.89x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   13. total_seq_len > 5258 and num_seqs <= 8: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -82,18 +83,19 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (None, 168)}, 'workloads': 12, 'speedup': (3.34, 5.06, 10.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.62, 2.59, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.71, 2.51, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 5258)}, 'workloads': 22, 'speedup': (1.29, 1.98, 3.08), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (5.31, 9.45, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 22), 'num_seqs': (None, 8)}, 'workloads': 5, 'speedup': (4.64, 9.04, 18.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 362), 'num_seqs': (None, 8), 'total_seq_len': (168, None)}, 'workloads': 46, 'speedup': (1.32, 3.0, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (46, None), 'total_seq_len': (181, 362)}, 'workloads': 6, 'speedup': (1.14, 1.79, 2.95), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, 46), 'total_seq_len': (181, 399)}, 'workloads': 10, 'speedup': (1.1, 2.0, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 6, 'speedup': (1.04, 1.74, 3.27), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 114)}, 'workloads': 4, 'speedup': (2.2, 3.17, 4.62), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (None, 221)}, 'workloads': 23, 'speedup': (3.85, 6.74, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 257)}, 'workloads': 23, 'speedup': (1.14, 2.32, 7.59), 'fallbacks': ()},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (362, 601), 'num_seqs': (None, 8), 'total_seq_len': (None, 1205)}, 'workloads': 8, 'speedup': (1.35, 2.28, 3.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (601, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 1205)}, 'workloads': 2, 'speedup': (1.74, 1.81, 1.88), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (114, 397)}, 'workloads': 6, 'speedup': (1.71, 2.28, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (221, 1205)}, 'workloads': 40, 'speedup': (1.49, 3.19, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (257, 399)}, 'workloads': 4, 'speedup': (2.15, 2.79, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.23, 1.9, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (1205, 5258)}, 'workloads': 12, 'speedup': (1.29, 1.78, 2.21), 'fallbacks': ()},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (7, 8), 'total_seq_len': (1205, 5258)}, 'workloads': 6, 'speedup': (1.31, 2.01, 4.89), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -141,41 +143,44 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 5.06x (3.34x .. 10.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 15 workloads, 2.59x (1.62x .. 7.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 62:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 2.51x (1.71x .. 3.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 62:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 22 workloads, 1.98x (1.29x .. 3.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 6 workloads, 9.45x (5.31x .. 17.75x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 5 workloads, 9.04x (4.64x .. 18.55x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and 4 < mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 46 workloads, 3.00x (1.32x .. 6.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and num_seqs <= 8 and 22 < mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 6 workloads, 1.79x (1.14x .. 2.95x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 46:
+    # region 1: 4 workloads, 3.17x (2.20x .. 4.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 114 and num_seqs > 8 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 362:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 23 workloads, 2.32x (1.14x .. 7.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 257 and num_seqs > 8 and mean_seq_len > 2:
         return 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 10 workloads, 2.00x (1.10x .. 3.32x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 399 and 8 < num_seqs <= 46:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 6 workloads, 1.74x (1.04x .. 3.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and num_seqs > 8 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 90 workloads, the baseline; its stand-ins where it cannot run here
+    # region 4: 8 workloads, 2.28x (1.35x .. 3.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1205 and num_seqs <= 8 and 362 < mean_seq_len <= 601:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 2 workloads, 1.81x (1.74x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len > 601:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
+    # region 6: 6 workloads, 2.28x (1.71x .. 3.01x) over vllm_flashinfer_prefill
+    if 114 < total_seq_len <= 397 and num_seqs > 8 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 40 workloads, 3.19x (1.49x .. 6.29x) over vllm_flashinfer_prefill
+    if 221 < total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len <= 362:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 4 workloads, 2.79x (2.15x .. 3.25x) over vllm_flashinfer_prefill
+    if 257 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 6 workloads, 1.90x (1.23x .. 3.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and num_seqs > 8 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 90 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362:
+    # region 11: 12 workloads, 1.78x (1.29x .. 2.21x) over vllm_flashinfer_prefill
+    if 1205 < total_seq_len <= 5258 and num_seqs <= 7:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 6 workloads, 2.01x (1.31x .. 4.89x) over vllm_flashinfer_prefill
+    if 1205 < total_seq_len <= 5258 and 7 < num_seqs <= 8:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and num_seqs <= 8:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -187,8 +192,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.86% mean, 204.18% max;
 #             1.201x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.51% mean, 157.46% max;
-#             1.668x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.04% mean, 92.78% max;
+#             1.757x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
@@ -250,55 +255,50 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   58. total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   59. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and num_seqs <= 8 and 2 < max_seq_len <= 20: cuda_prefill_pool_rows.k16c8, 6 workloads, 10.64x (5.31x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs <= 8 and 63 < max_seq_len <= 755: cuda_prefill_pool_rows.k16c8, 9 workloads, 4.66x (3.34x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   6. total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
-#   8. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 131: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 131 < max_seq_len <= 233: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.28x .. 1.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   10. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 233 < max_seq_len <= 339: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   12. total_seq_len <= 929 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.34x (8.05x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. total_seq_len <= 929 and num_seqs <= 8 and 20 < max_seq_len <= 63: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.90x (3.96x .. 11.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 929 and 2 < num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   15. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   16. num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 955: triton_prefill_chunked.v64, 4 workloads, 1.99x (1.85x .. 2.14x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   17. num_seqs <= 8 and mean_seq_len <= 362 and 955 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.99x (1.80x .. 2.20x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. num_seqs <= 8 and 1794 < max_seq_len <= 2045: triton_prefill_chunked.v64, 2 workloads, 2.24x (2.20x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. num_seqs <= 8 and 2045 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.49x (1.18x .. 1.96x) over vllm_flashinfer_prefill
-#   20. num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.90x (1.32x .. 2.90x) over vllm_flashinfer_prefill
-#   21. 45 < total_seq_len <= 929 and num_seqs <= 8 and 2 < max_seq_len <= 20: cuda_prefill_pool_rows.k4c8, 1 workloads, 7.40x (7.40x .. 7.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   23. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   24. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   25. 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   26. 181 < total_seq_len <= 929 and num_seqs <= 8 and 63 < max_seq_len <= 755: triton_prefill_fused.c16v32, 30 workloads, 3.37x (1.70x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   27. 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120: triton_prefill_fused.c16v64, 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362: triton_prefill_fused.c16v64, 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
-#   29. 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   30. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   31. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148: triton_prefill_fused.c16v64, 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   34. total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   36. total_seq_len > 929 and num_seqs <= 8 and max_seq_len <= 315: triton_prefill_fused.c16v64, 6 workloads, 4.10x (3.18x .. 5.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   37. total_seq_len > 929 and num_seqs <= 8 and 315 < max_seq_len <= 490: triton_prefill_fused.c16v32, 4 workloads, 3.05x (2.43x .. 3.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   38. total_seq_len > 929 and num_seqs <= 8 and 490 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.28x (2.02x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   39. 1448 < total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   40. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   42. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
-#   43. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and 21 < max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.23x (1.22x .. 1.23x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and max_seq_len > 48: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. total_seq_len > 1448 and num_seqs > 45 and 11 < mean_seq_len <= 90 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   46. total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len <= 1210 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   47. total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and 2712 < max_seq_len <= 3423: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and max_seq_len > 3423: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   49. total_seq_len > 5792 and num_seqs > 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   1. total_seq_len <= 90 and num_seqs > 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.88x (3.27x .. 4.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 896: cuda_prefill_pool_rows.k16c8, 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.35x (2.55x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 181 and num_seqs > 8 and 8 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 10 workloads, 2.33x (1.62x .. 3.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   5. total_seq_len <= 362 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 830: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.38x (1.20x .. 1.59x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794: triton_prefill_chunked.v64, 4 workloads, 1.86x (1.69x .. 2.16x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   8. total_seq_len <= 2232 and 8 < num_seqs <= 39 and 164 < max_seq_len <= 450: triton_prefill_fused.c16v32, 6 workloads, 1.48x (1.20x .. 1.83x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 2232 and 8 < num_seqs <= 39 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   10. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   11. total_seq_len <= 5792 and num_seqs > 181 and 120 < max_seq_len <= 164: vllm_flashinfer_prefill (baseline), 0 workloads
+#   12. total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 222 < max_seq_len <= 652: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   13. total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 652 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   14. total_seq_len <= 11585 and num_seqs > 39 and mean_seq_len <= 5 and 222 < max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   15. total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 222 < max_seq_len <= 362: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 362 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   17. num_seqs <= 8 and mean_seq_len <= 602 and 896 < max_seq_len <= 1021: triton_prefill_chunked.v64, 4 workloads, 1.96x (1.85x .. 2.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   18. num_seqs <= 8 and mean_seq_len <= 602 and 1021 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.74x (1.52x .. 1.85x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   19. num_seqs <= 8 and 1794 < max_seq_len <= 2045: triton_prefill_chunked.v64, 2 workloads, 1.95x (1.67x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   20. num_seqs <= 8 and 2045 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.55x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+#   21. num_seqs > 39 and 164 < max_seq_len <= 222: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.16x .. 1.92x) over vllm_flashinfer_prefill
+#   22. 90 < total_seq_len <= 181 and num_seqs > 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.30x (2.05x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   23. 181 < total_seq_len <= 724 and num_seqs > 8 and 59 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
+#   24. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 82: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.03x (4.07x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   25. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and 82 < max_seq_len <= 896: triton_prefill_fused.c16v32, 32 workloads, 3.30x (1.70x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   26. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 529: triton_prefill_fused.c16v32, 4 workloads, 2.78x (2.14x .. 3.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   27. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and 529 < max_seq_len <= 896: triton_prefill_fused.c16v64, 4 workloads, 1.98x (1.35x .. 2.83x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   28. 181 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 33 workloads, 2.28x (1.39x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   29. 362 < total_seq_len <= 5792 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164: triton_prefill_fused.c16v64, 7 workloads, 1.61x (1.23x .. 2.02x) over vllm_flashinfer_prefill
+#   30. 724 < total_seq_len <= 1448 and num_seqs > 8 and 59 < max_seq_len <= 120: triton_prefill_fused.c16v64, 2 workloads, 2.79x (1.72x .. 4.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   31. 1448 < total_seq_len <= 2896 and num_seqs > 8 and 48 < max_seq_len <= 120: triton_prefill_fused.c16v64, 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 896: triton_prefill_fused.c16v64, 2 workloads, 3.88x (2.93x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   33. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.10x (1.99x .. 2.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   34. total_seq_len > 1448 and num_seqs > 8 and mean_seq_len <= 21 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.67x (1.25x .. 1.93x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 1448 and num_seqs > 8 and mean_seq_len > 21 and max_seq_len <= 48: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   36. total_seq_len > 1448 and num_seqs > 39 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. total_seq_len > 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.29x (2.03x .. 2.57x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len <= 168 and max_seq_len > 164: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len > 168 and max_seq_len > 164: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   40. total_seq_len > 2896 and num_seqs > 8 and 48 < max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 0 workloads
+#   41. total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. total_seq_len > 5792 and num_seqs > 8 and 120 < max_seq_len <= 164: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 11585 and 39 < num_seqs <= 90 and 222 < max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   44. total_seq_len > 11585 and num_seqs > 90 and 222 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -363,55 +363,50 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 20), 'num_seqs': (None, 8), 'total_seq_len': (None, 45)}, 'workloads': 6, 'speedup': (5.31, 10.64, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, 755), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (3.34, 4.66, 5.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.55, 3.48, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 120), 'num_seqs': (8, 62), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (1.62, 2.05, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.05, 2.84, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 120), 'num_seqs': (62, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.83, 2.04, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.22, 1.28), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 131), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (131, 233), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.28, 1.43, 1.65), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (233, 339), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, None), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (None, 557)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 929)}, 'workloads': 2, 'speedup': (8.05, 8.34, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (20, 63), 'num_seqs': (None, 8), 'total_seq_len': (None, 929)}, 'workloads': 5, 'speedup': (3.96, 6.9, 11.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 8), 'total_seq_len': (None, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (755, 955), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.85, 1.99, 2.14), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (955, 1794), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (1.8, 1.99, 2.2), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2045), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (2.2, 2.24, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2045, 2712), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.18, 1.49, 1.96), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 1794), 'mean_seq_len': (362, None), 'num_seqs': (None, 8)}, 'workloads': 12, 'speedup': (1.32, 1.9, 2.9), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 20), 'num_seqs': (None, 8), 'total_seq_len': (45, 929)}, 'workloads': 1, 'speedup': (7.4, 7.4, 7.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 8, 'speedup': (1.6, 2.38, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 120), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 16, 'speedup': (1.39, 2.16, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (54, 120), 'mean_seq_len': (5, None), 'num_seqs': (8, None), 'total_seq_len': (181, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, 755), 'num_seqs': (None, 8), 'total_seq_len': (181, 929)}, 'workloads': 30, 'speedup': (1.7, 3.37, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (None, 5), 'num_seqs': (8, None), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8'), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 6, 'speedup': (1.47, 1.61, 1.76), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (21, 90), 'total_seq_len': (557, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.66, 1.99, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 148), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.23, 1.98, 4.54), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 955), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (955, 1455), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.23, 1.91, 2.94), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'num_seqs': (8, 21), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 315), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 6, 'speedup': (3.18, 4.1, 5.78), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 490), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (2.43, 3.05, 3.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (490, 755), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 6, 'speedup': (2.02, 2.28, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (21, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, 362), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.24, 1.24, 1.25), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 90), 'num_seqs': (21, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 90), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.91, 1.93, 1.94), 'fallbacks': ()},
-    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (21, 48), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.22, 1.23, 1.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (48, None), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (11, 90), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (None, 1210), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, 3423), 'mean_seq_len': (1210, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3423, None), 'mean_seq_len': (1210, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (21, None), 'total_seq_len': (5792, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (3.27, 3.88, 4.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 23, 'speedup': (3.85, 6.74, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.55, 3.35, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 120), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 10, 'speedup': (1.62, 2.33, 3.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (8, 181), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (830, None), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.2, 1.38, 1.59), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (602, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.69, 1.86, 2.16), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (164, 450), 'num_seqs': (8, 39), 'total_seq_len': (None, 2232)}, 'workloads': 6, 'speedup': (1.2, 1.48, 1.83), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (8, 39), 'total_seq_len': (None, 2232)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 652), 'mean_seq_len': (5, None), 'num_seqs': (39, 90), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (652, 830), 'mean_seq_len': (5, None), 'num_seqs': (39, 90), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 830), 'mean_seq_len': (None, 5), 'num_seqs': (39, None), 'total_seq_len': (None, 11585)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 362), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 830), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (896, 1021), 'mean_seq_len': (None, 602), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.85, 1.96, 2.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 1794), 'mean_seq_len': (None, 602), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.52, 1.74, 1.85), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2045), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (1.67, 1.95, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2045, 2712), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.29, 1.55, 1.96), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (164, 222), 'num_seqs': (39, None)}, 'workloads': 4, 'speedup': (1.16, 1.53, 1.92), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (90, 181)}, 'workloads': 2, 'speedup': (2.05, 2.3, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 120), 'num_seqs': (8, None), 'total_seq_len': (181, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 82), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (4.07, 5.03, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (82, 896), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 32, 'speedup': (1.7, 3.3, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 529), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (2.14, 2.78, 3.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (529, 896), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (1.35, 1.98, 2.83), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'num_seqs': (8, None), 'total_seq_len': (181, 1448)}, 'workloads': 33, 'speedup': (1.39, 2.28, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (8, 181), 'total_seq_len': (362, 5792)}, 'workloads': 7, 'speedup': (1.23, 1.61, 2.02), 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 120), 'num_seqs': (8, None), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.72, 2.79, 4.54), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (48, 120), 'num_seqs': (8, None), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.61, 1.61, 1.61), 'fallbacks': ()},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.93, 3.88, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.99, 2.1, 2.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (None, 21), 'num_seqs': (8, None), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.25, 1.67, 1.93), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (21, None), 'num_seqs': (8, None), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (602, None), 'num_seqs': (None, 8), 'total_seq_len': (1704, None)}, 'workloads': 2, 'speedup': (2.03, 2.29, 2.57), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (164, None), 'mean_seq_len': (None, 168), 'num_seqs': (8, 39), 'total_seq_len': (2232, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (164, None), 'mean_seq_len': (168, None), 'num_seqs': (8, 39), 'total_seq_len': (2232, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (48, 120), 'num_seqs': (8, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (8, None), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 830), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (222, 830), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -597,153 +592,129 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 10.64x (5.31x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 8 and 2 < max_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 9 workloads, 4.66x (3.34x .. 5.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and 63 < max_seq_len <= 755:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 7 workloads, 3.48x (2.55x .. 7.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 62 and max_seq_len <= 8:
+    # region 1: 2 workloads, 3.88x (3.27x .. 4.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs > 8 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 896:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 7 workloads, 3.35x (2.55x .. 7.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 8 workloads, 2.05x (1.62x .. 2.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 62 and 8 < max_seq_len <= 120:
+    # region 4: 10 workloads, 2.33x (1.62x .. 3.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 8 and 8 < max_seq_len <= 120:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 4 workloads, 2.84x (2.05x .. 3.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 62 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 2 workloads, 2.04x (1.83x .. 2.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 62 and 22 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 2 workloads, 1.22x (1.16x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:
-        return 'triton_prefill_fused.c16v64'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 120 < max_seq_len <= 131:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 4 workloads, 1.43x (1.28x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 131 < max_seq_len <= 233:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 2 workloads, 1.38x (1.20x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 830:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 4 workloads, 1.86x (1.69x .. 2.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
+    # region 8: 6 workloads, 1.48x (1.20x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2232 and 8 < num_seqs <= 39 and 164 < max_seq_len <= 450:
+        return 'triton_prefill_fused.c16v32'
+    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2232 and 8 < num_seqs <= 39 and max_seq_len > 450:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 233 < max_seq_len <= 339:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len > 339:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 2 workloads, 8.34x (8.05x .. 8.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and num_seqs <= 2 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 13: 5 workloads, 6.90x (3.96x .. 11.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 929 and num_seqs <= 8 and 20 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 929 and 2 < num_seqs <= 8 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 4 workloads, 1.99x (1.85x .. 2.14x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 955:
+    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 222 < max_seq_len <= 652:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 652 < max_seq_len <= 830:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 11585 and num_seqs > 39 and mean_seq_len <= 5 and 222 < max_seq_len <= 830:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 362 < max_seq_len <= 830:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 4 workloads, 1.96x (1.85x .. 2.10x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 602 and 896 < max_seq_len <= 1021:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 17: 2 workloads, 1.99x (1.80x .. 2.20x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len <= 362 and 955 < max_seq_len <= 1794:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 2 workloads, 2.24x (2.20x .. 2.27x) over vllm_flashinfer_prefill
+    # region 18: 4 workloads, 1.74x (1.52x .. 1.85x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 602 and 1021 < max_seq_len <= 1794:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 19: 2 workloads, 1.95x (1.67x .. 2.27x) over vllm_flashinfer_prefill
     if num_seqs <= 8 and 1794 < max_seq_len <= 2045:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 19: 6 workloads, 1.49x (1.18x .. 1.96x) over vllm_flashinfer_prefill
+    # region 20: 6 workloads, 1.55x (1.29x .. 1.96x) over vllm_flashinfer_prefill
     if num_seqs <= 8 and 2045 < max_seq_len <= 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 12 workloads, 1.90x (1.32x .. 2.90x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1794:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 1 workloads, 7.40x (7.40x .. 7.40x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 929 and num_seqs <= 8 and 2 < max_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 8 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 4 workloads, 1.53x (1.16x .. 1.92x) over vllm_flashinfer_prefill
+    if num_seqs > 39 and 164 < max_seq_len <= 222:
+        return 'triton_prefill_fused.c16v64'
+    # region 22: 2 workloads, 2.30x (2.05x .. 2.59x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs > 8 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and 22 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 16 workloads, 2.16x (1.39x .. 3.15x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and max_seq_len <= 54:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len > 5 and 54 < max_seq_len <= 120:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 30 workloads, 3.37x (1.70x .. 6.29x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 929 and num_seqs <= 8 and 63 < max_seq_len <= 755:
+    if 181 < total_seq_len <= 724 and num_seqs > 8 and 59 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 24: 4 workloads, 5.03x (4.07x .. 6.18x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 82:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 25: 32 workloads, 3.30x (1.70x .. 6.29x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and 82 < max_seq_len <= 896:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 2 workloads, 1.14x (1.13x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 6 workloads, 1.61x (1.47x .. 1.76x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len <= 362:
+    # region 26: 4 workloads, 2.78x (2.14x .. 3.15x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 529:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 27: 4 workloads, 1.98x (1.35x .. 2.83x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and 529 < max_seq_len <= 896:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 28: 33 workloads, 2.28x (1.39x .. 3.57x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 7 workloads, 1.61x (1.23x .. 2.02x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 5792 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164:
         return 'triton_prefill_fused.c16v64'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 557 < total_seq_len <= 1448 and 21 < num_seqs <= 90 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 4 workloads, 1.99x (1.66x .. 2.82x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 4 workloads, 1.98x (1.23x .. 4.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len <= 148:
+    # region 30: 2 workloads, 2.79x (1.72x .. 4.54x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1448 and num_seqs > 8 and 59 < max_seq_len <= 120:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 31: 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and num_seqs > 8 and 48 < max_seq_len <= 120:
         return 'triton_prefill_fused.c16v64'
-    # region 33: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and 8 < num_seqs <= 21 and 148 < max_seq_len <= 955:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 2 workloads, 1.91x (1.23x .. 2.94x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and 8 < num_seqs <= 21 and 955 < max_seq_len <= 1455:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and 8 < num_seqs <= 21 and max_seq_len > 1455:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 6 workloads, 4.10x (3.18x .. 5.78x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs <= 8 and max_seq_len <= 315:
+    # region 32: 2 workloads, 3.88x (2.93x .. 5.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 896:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 37: 4 workloads, 3.05x (2.43x .. 3.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs <= 8 and 315 < max_seq_len <= 490:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 38: 6 workloads, 2.28x (2.02x .. 2.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs <= 8 and 490 < max_seq_len <= 755:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len > 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 2 workloads, 1.24x (1.24x .. 1.25x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 2 workloads, 1.93x (1.91x .. 1.94x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 90 and max_seq_len <= 21:
+    # region 33: 4 workloads, 2.10x (1.99x .. 2.21x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 896:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 4 workloads, 1.67x (1.25x .. 1.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 8 and mean_seq_len <= 21 and max_seq_len <= 48:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 43: 2 workloads, 1.23x (1.22x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and 21 < max_seq_len <= 48:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and max_seq_len > 48:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 45 and 11 < mean_seq_len <= 90 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len <= 1210 and max_seq_len > 2712:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and 2712 < max_seq_len <= 3423:
+    # region 35: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 8 and mean_seq_len > 21 and max_seq_len <= 48:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 39 and max_seq_len > 830:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 2 workloads, 2.29x (2.03x .. 2.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and max_seq_len > 3423:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 21 and mean_seq_len > 90:
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len <= 168 and max_seq_len > 164:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 39: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len > 168 and max_seq_len > 164:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 8 and 120 < max_seq_len <= 164:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and 39 < num_seqs <= 90 and 222 < max_seq_len <= 830:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs > 90 and 222 < max_seq_len <= 830:
+        return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
 
@@ -762,12 +733,10 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 557 and num_seqs > 8 and mean_seq_len <= 5 and max_seq_len > 120:  # region 27
+    if total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 652 < max_seq_len <= 830:  # region 13
         return True
-    if total_seq_len > 1448 and 21 < num_seqs <= 45 and mean_seq_len <= 90 and 21 < max_seq_len <= 362:  # region 40
+    if total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 362 < max_seq_len <= 830:  # region 16
         return True
-    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 11 and 21 < max_seq_len <= 48:  # region 43
-        return True
-    if total_seq_len > 4840 and num_seqs <= 8 and mean_seq_len > 1210 and 2712 < max_seq_len <= 3423:  # region 47
+    if total_seq_len > 11585 and num_seqs > 90 and 222 < max_seq_len <= 830:  # region 44
         return True
     return False

@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:47Z
+# measured    up to 2026-11-29T13:51:57Z
 # workloads   132 on each of 2 devices (workload-set digest e2e4874bac89fb6e)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -37,8 +37,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 8.08% mean, 78.71% max;
 #             1.076x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.51% mean, 162.46% max;
-#             1.423x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 20.28% mean, 162.46% max;
+#             1.403x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 12 and num_seqs <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.37x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
@@ -51,22 +51,20 @@
 #   9. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12: cuda_prefill_pool_rows.k4c8, 31 workloads, 2.33x (1.07x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12: triton_prefill_fused.c16v32, 6 workloads, 1.66x (1.31x .. 2.06x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 55: cuda_prefill_pool_rows.k8c8, 18 workloads, 6.75x (3.43x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 326 and num_seqs <= 4 and 55 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 17 workloads, 4.08x (2.93x .. 10.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901: triton_prefill_fused.c16v32, 8 workloads, 2.60x (1.82x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.19x (1.53x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   7. 280 < total_seq_len <= 545 and 4 < num_seqs <= 11 and mean_seq_len > 11: triton_prefill_fused.c16v64, 6 workloads, 1.45x (1.12x .. 2.00x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   8. 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   9. 280 < total_seq_len <= 724 and num_seqs > 71: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.81x (1.27x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   10. total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11: triton_prefill_fused.c16v64, 6 workloads, 1.34x (1.17x .. 1.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   11. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 193: triton_prefill_fused.c16v64, 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. total_seq_len > 326 and num_seqs <= 4 and 193 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 71 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len > 724 and num_seqs > 71: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   15. total_seq_len > 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   16. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 58 and num_seqs > 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 3.55x (3.12x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 56: cuda_prefill_pool_rows.k8c8, 18 workloads, 6.04x (4.09x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len > 56: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.62x (3.80x .. 6.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   4. 58 < total_seq_len <= 111 and num_seqs > 4: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.44x (2.03x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12: cuda_prefill_pool_rows.k4c8, 20 workloads, 2.11x (1.07x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   6. 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12: triton_prefill_fused.c16v32, 6 workloads, 1.53x (1.31x .. 2.06x) over vllm_flashinfer_prefill
+#   7. 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len <= 657: triton_prefill_fused.c16v32, 36 workloads, 3.15x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len > 657: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.10x (1.76x .. 3.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v32, 8 workloads, 1.43x (1.14x .. 1.71x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.83x (1.27x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   11. total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   13. 1347 < total_seq_len <= 4876 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.83x (1.49x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   14. total_seq_len > 4876 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -83,22 +81,20 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 31, 'speedup': (1.07, 2.33, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.31, 1.66, 2.06), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 55), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 18, 'speedup': (3.43, 6.75, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (55, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 17, 'speedup': (2.93, 4.08, 10.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (None, 1115)}, 'workloads': 8, 'speedup': (1.82, 2.6, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 6, 'speedup': (1.53, 2.19, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 11), 'total_seq_len': (280, 545)}, 'workloads': 6, 'speedup': (1.12, 1.45, 2.0), 'fallbacks': (), 'hand_back': True},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (11, 71), 'total_seq_len': (280, 545)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (280, 724)}, 'workloads': 8, 'speedup': (1.27, 1.81, 2.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (4, 71), 'total_seq_len': (280, None)}, 'workloads': 6, 'speedup': (1.17, 1.34, 1.47), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 193), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 6, 'speedup': (2.51, 3.62, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (193, 462), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (1.58, 2.81, 4.25), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (4, 71), 'total_seq_len': (545, None)}, 'workloads': 71, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1115, None)}, 'workloads': 8, 'speedup': (1.32, 1.94, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 58)}, 'workloads': 6, 'speedup': (3.12, 3.55, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 56), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 18, 'speedup': (4.09, 6.04, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (56, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.8, 4.62, 6.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (58, 111)}, 'workloads': 5, 'speedup': (2.03, 2.44, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (4, None), 'total_seq_len': (111, 280)}, 'workloads': 20, 'speedup': (1.07, 2.11, 3.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, None), 'total_seq_len': (111, 280)}, 'workloads': 6, 'speedup': (1.31, 1.53, 2.06), 'fallbacks': ()},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 657), 'num_seqs': (None, 4), 'total_seq_len': (181, 1347)}, 'workloads': 36, 'speedup': (1.58, 3.15, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (657, None), 'num_seqs': (None, 4), 'total_seq_len': (181, 1347)}, 'workloads': 4, 'speedup': (1.76, 2.1, 3.4), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 8, 'speedup': (1.14, 1.43, 1.71), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 8, 'speedup': (1.27, 1.83, 2.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (1347, 4876)}, 'workloads': 10, 'speedup': (1.49, 1.83, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -143,62 +139,49 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 31 workloads, 2.33x (1.07x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12:
+    # region 1: 6 workloads, 3.55x (3.12x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and num_seqs > 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 18 workloads, 6.04x (4.09x .. 11.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 3 workloads, 4.62x (3.80x .. 6.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len > 56:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 5 workloads, 2.44x (2.03x .. 3.10x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 111 and num_seqs > 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 20 workloads, 2.11x (1.07x .. 3.85x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 1.66x (1.31x .. 2.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12:
+    # region 6: 6 workloads, 1.53x (1.31x .. 2.06x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12:
         return 'triton_prefill_fused.c16v32'
-    # region 3: 18 workloads, 6.75x (3.43x .. 11.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len <= 55:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 17 workloads, 4.08x (2.93x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and 55 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 8 workloads, 2.60x (1.82x .. 3.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
+    # region 7: 36 workloads, 3.15x (1.58x .. 7.39x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len <= 657:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 6 workloads, 2.19x (1.53x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 6 workloads, 1.45x (1.12x .. 2.00x) over vllm_flashinfer_prefill's guarded call
-    if 280 < total_seq_len <= 545 and 4 < num_seqs <= 11 and mean_seq_len > 11:
-        return 'triton_prefill_fused.c16v64'
-    # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if 280 < total_seq_len <= 545 and 11 < num_seqs <= 71 and mean_seq_len > 11:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 8 workloads, 1.81x (1.27x .. 2.63x) over vllm_flashinfer_prefill
-    if 280 < total_seq_len <= 724 and num_seqs > 71:
+    # region 8: 4 workloads, 2.10x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len > 657:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 8 workloads, 1.43x (1.14x .. 1.71x) over vllm_flashinfer_prefill
+    if 280 < total_seq_len <= 771 and 4 < num_seqs <= 14:
+        return 'triton_prefill_fused.c16v32'
+    # region 10: 8 workloads, 1.83x (1.27x .. 2.47x) over vllm_flashinfer_prefill
+    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 6 workloads, 1.34x (1.17x .. 1.47x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and 4 < num_seqs <= 71 and mean_seq_len <= 11:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 6 workloads, 3.62x (2.51x .. 7.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 193:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 8 workloads, 2.81x (1.58x .. 4.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and 193 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 71 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 71 and mean_seq_len > 11:
+    # region 11: 90 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 71:
+    # region 12: 20 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 771 and 4 < num_seqs <= 14:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 8 workloads, 1.94x (1.32x .. 2.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 1115 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
+    # region 13: 10 workloads, 1.83x (1.49x .. 2.88x) over vllm_flashinfer_prefill
+    if 1347 < total_seq_len <= 4876 and num_seqs <= 4:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901:
+    # region 14: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4876 and num_seqs <= 4:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 280 < total_seq_len <= 545 and 4 < num_seqs <= 11 and mean_seq_len > 11:  # region 7
-        return True
-    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -208,8 +191,8 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.75% mean, 46.27% max;
 #             1.144x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.03% mean, 432.13% max;
-#             1.531x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.44% mean, 432.13% max;
+#             1.517x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -259,50 +242,46 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   46. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   47. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.66x (3.44x .. 3.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.12x (1.94x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and 1 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.35x (1.58x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   5. total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.97x (2.23x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and 6 < max_seq_len <= 111: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.73x (1.80x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 85: triton_prefill_fused.c16v32, 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 326 and num_seqs <= 4 and max_seq_len <= 54: cuda_prefill_pool_rows.k8c8, 15 workloads, 7.32x (4.83x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. total_seq_len <= 326 and num_seqs <= 4 and 85 < max_seq_len <= 686: triton_prefill_fused.c16v32, 16 workloads, 3.92x (3.06x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. total_seq_len <= 362 and num_seqs > 14 and mean_seq_len > 5 and 73 < max_seq_len <= 141: triton_prefill_fused.c16v32, 2 workloads, 1.74x (1.60x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 724 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len > 111: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   13. total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 111: triton_prefill_fused.c16v64, 2 workloads, 1.21x (1.11x .. 1.33x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 724 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: triton_prefill_fused.c16v32, 7 workloads, 1.31x (1.13x .. 1.58x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 73 < max_seq_len <= 369: triton_prefill_fused.c16v32, 6 workloads, 1.61x (1.14x .. 2.28x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563: triton_prefill_fused.c16v64, 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   17. total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 563: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   18. num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 20 workloads, 1.94x (1.31x .. 3.81x) over vllm_flashinfer_prefill
-#   19. num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. 181 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 22 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.90x (1.39x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   21. 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 22 and max_seq_len <= 73: triton_prefill_fused.c16v64, 4 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   22. total_seq_len > 238 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len <= 111: cuda_prefill_pool_rows.k2c8, 14 workloads, 1.85x (1.43x .. 2.68x) over vllm_flashinfer_prefill
-#   23. 326 < total_seq_len <= 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v32, 4 workloads, 2.83x (2.33x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   24. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and max_seq_len <= 392: triton_prefill_fused.c16v64, 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686: triton_prefill_fused.c16v32, 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   26. 362 < total_seq_len <= 1448 and num_seqs > 14 and 5 < mean_seq_len <= 22 and 73 < max_seq_len <= 98: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   27. 362 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 22 and 73 < max_seq_len <= 98: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 362 < total_seq_len <= 2317 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. 362 < total_seq_len <= 2317 and num_seqs > 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   30. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   31. 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   32. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   34. 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686: triton_prefill_fused.c16v64, 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   37. total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   38. total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   39. total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 1448 and 14 < num_seqs <= 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. total_seq_len > 2317 and num_seqs > 14 and mean_seq_len > 5 and 98 < max_seq_len <= 141: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   44. total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 44 and num_seqs <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.84x (7.49x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 44 and num_seqs <= 4 and 4 < max_seq_len <= 896: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.59x (5.75x .. 7.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.23x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 5 < max_seq_len <= 157: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.54x (3.21x .. 3.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.29x (1.94x .. 2.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. total_seq_len <= 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 148: triton_prefill_fused.c16v32, 2 workloads, 1.80x (1.70x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255: triton_prefill_fused.c16v32, 9 workloads, 1.35x (1.17x .. 1.64x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255: triton_prefill_fused.c16v32, 6 workloads, 1.32x (1.20x .. 1.44x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148: triton_prefill_fused.c16v64, 6 workloads, 1.72x (1.33x .. 2.62x) over vllm_flashinfer_prefill
+#   12. num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.91x (1.51x .. 3.40x) over vllm_flashinfer_prefill
+#   13. num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   14. 2 < num_seqs <= 4 and 896 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.72x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+#   15. 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   16. num_seqs > 4 and mean_seq_len <= 2 and 157 < max_seq_len <= 443: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 443: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   18. num_seqs > 4 and 2 < mean_seq_len <= 5 and 157 < max_seq_len <= 443: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.11x .. 1.45x) over vllm_flashinfer_prefill
+#   19. num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.40x (1.97x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   20. num_seqs > 17 and mean_seq_len <= 2 and 4 < max_seq_len <= 157: cuda_prefill_pool_rows.k4c8, 10 workloads, 2.28x (1.47x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   21. 44 < total_seq_len <= 724 and num_seqs <= 4 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 14 workloads, 4.95x (3.47x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. 44 < total_seq_len <= 724 and num_seqs <= 4 and 127 < max_seq_len <= 896: triton_prefill_fused.c16v32, 24 workloads, 3.51x (2.13x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.93x (2.76x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 13 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   25. 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.95x (1.75x .. 2.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   26. 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 73: triton_prefill_fused.c16v64, 4 workloads, 1.78x (1.67x .. 1.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   27. total_seq_len > 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.98x (1.49x .. 2.72x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 19 and 98 < max_seq_len <= 148: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   29. total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 98: triton_prefill_fused.c16v64, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 362 and num_seqs > 4 and 19 < mean_seq_len <= 37 and 98 < max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   31. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.31x (1.19x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 724 and num_seqs <= 4 and max_seq_len <= 419: triton_prefill_fused.c16v64, 4 workloads, 3.21x (2.47x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   35. total_seq_len > 724 and num_seqs <= 4 and 419 < max_seq_len <= 896: triton_prefill_fused.c16v32, 8 workloads, 2.84x (2.09x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255: vllm_flashinfer_prefill (baseline), 54 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   37. 1448 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 7 workloads, 1.31x (1.14x .. 1.60x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   39. total_seq_len > 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   40. total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -355,50 +334,46 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.44, 3.66, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.94, 2.12, 2.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'mean_seq_len': (None, 1), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (1, 111), 'mean_seq_len': (None, 1), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.58, 2.35, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (1, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 7, 'speedup': (2.23, 2.97, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 111), 'mean_seq_len': (1, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.8, 2.73, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (54, 85), 'num_seqs': (None, 1), 'total_seq_len': (None, 326)}, 'workloads': 1, 'speedup': (10.15, 10.15, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 54), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 15, 'speedup': (4.83, 7.32, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (85, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 16, 'speedup': (3.06, 3.92, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (54, 85), 'num_seqs': (1, 4), 'total_seq_len': (None, 326)}, 'workloads': 3, 'speedup': (3.52, 4.59, 6.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.6, 1.74, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.27, 1.49, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.11, 1.21, 1.33), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (None, 724)}, 'workloads': 7, 'speedup': (1.13, 1.31, 1.58), 'fallbacks': ()},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 369), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.14, 1.61, 2.28), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (369, 563), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (None, 4)}, 'workloads': 20, 'speedup': (1.31, 1.94, 3.81), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (None, 4)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, 22), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 10, 'speedup': (1.39, 1.9, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (22, None), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 111), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (238, None)}, 'workloads': 14, 'speedup': (1.43, 1.85, 2.68), 'fallbacks': ()},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (326, 724)}, 'workloads': 4, 'speedup': (2.33, 2.83, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 392), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 8, 'speedup': (2.47, 3.98, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (392, 686), 'mean_seq_len': (None, 326), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.62, 2.64, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, 22), 'num_seqs': (14, None), 'total_seq_len': (362, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (22, None), 'num_seqs': (14, None), 'total_seq_len': (362, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (98, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, 22), 'total_seq_len': (362, 2317)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (98, 141), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (362, 2317)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (141, 362), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 2, 'speedup': (1.13, 1.27, 1.42), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (724, 1233)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.17, 1.29, 1.44), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 2896)}, 'workloads': 2, 'speedup': (1.36, 1.38, 1.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 686), 'mean_seq_len': (326, None), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.91, 2.77, 4.52), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (111, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.57, 1.95), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (141, None), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (1233, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (5, None), 'num_seqs': (4, 14), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.18, 1.38, 1.6), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, None), 'num_seqs': (14, 181), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (98, 141), 'mean_seq_len': (5, None), 'num_seqs': (14, None), 'total_seq_len': (2317, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 4), 'total_seq_len': (None, 44)}, 'workloads': 4, 'speedup': (7.49, 8.84, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 896), 'num_seqs': (None, 4), 'total_seq_len': (None, 44)}, 'workloads': 3, 'speedup': (5.75, 6.59, 7.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (None, 45)}, 'workloads': 4, 'speedup': (2.51, 3.23, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 157), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.21, 3.54, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.94, 2.29, 2.71), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (2, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 148), 'mean_seq_len': (5, 37), 'num_seqs': (4, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.7, 1.8, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (255, None), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.17, 1.35, 1.64), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (148, 255), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 3821)}, 'workloads': 6, 'speedup': (1.2, 1.32, 1.44), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 148), 'mean_seq_len': (37, None), 'num_seqs': (4, None), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.33, 1.72, 2.62), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2)}, 'workloads': 8, 'speedup': (1.51, 1.91, 3.4), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 4399), 'num_seqs': (2, 4)}, 'workloads': 10, 'speedup': (1.49, 1.72, 2.26), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (157, 443), 'mean_seq_len': (None, 2), 'num_seqs': (4, None)}, 'workloads': 2, 'speedup': (1.27, 1.49, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (443, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (157, 443), 'mean_seq_len': (2, 5), 'num_seqs': (4, None)}, 'workloads': 2, 'speedup': (1.11, 1.27, 1.45), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.97, 2.4, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 157), 'mean_seq_len': (None, 2), 'num_seqs': (17, None)}, 'workloads': 10, 'speedup': (1.47, 2.28, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 127), 'num_seqs': (None, 4), 'total_seq_len': (44, 724)}, 'workloads': 14, 'speedup': (3.47, 4.95, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (127, 896), 'num_seqs': (None, 4), 'total_seq_len': (44, 724)}, 'workloads': 24, 'speedup': (2.13, 3.51, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (2.76, 2.93, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 157), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (2.06, 2.06, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 10, 'speedup': (1.75, 1.95, 2.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.67, 1.78, 1.88), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (2, 5), 'num_seqs': (17, None), 'total_seq_len': (181, None)}, 'workloads': 10, 'speedup': (1.49, 1.98, 2.72), 'fallbacks': ()},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (98, 148), 'mean_seq_len': (5, 19), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, 37), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (98, 148), 'mean_seq_len': (19, 37), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.19, 1.31, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 419), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (2.47, 3.21, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (419, 896), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 8, 'speedup': (2.09, 2.84, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (255, None), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 54, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (1448, 2896)}, 'workloads': 7, 'speedup': (1.14, 1.31, 1.6), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 255), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 148), 'mean_seq_len': (37, None), 'num_seqs': (4, None), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -554,135 +529,126 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.66x (3.44x .. 3.90x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 8.84x (7.49x .. 11.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 44 and num_seqs <= 4 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 3 workloads, 6.59x (5.75x .. 7.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 44 and num_seqs <= 4 and 4 < max_seq_len <= 896:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, 3.23x (2.51x .. 3.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 5 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 2 workloads, 3.54x (3.21x .. 3.90x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 2 workloads, 2.12x (1.94x .. 2.31x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 2 workloads, 2.29x (1.94x .. 2.71x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 2.35x (1.58x .. 3.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 1 and 1 < max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 7 workloads, 2.97x (2.23x .. 3.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 6 workloads, 2.73x (1.80x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 4 and 1 < mean_seq_len <= 5 and 6 < max_seq_len <= 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 1 and 54 < max_seq_len <= 85:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 15 workloads, 7.32x (4.83x .. 11.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and max_seq_len <= 54:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 16 workloads, 3.92x (3.06x .. 5.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and 85 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 3 workloads, 4.59x (3.52x .. 6.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and 1 < num_seqs <= 4 and 54 < max_seq_len <= 85:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 2 workloads, 1.74x (1.60x .. 1.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 14 and mean_seq_len > 5 and 73 < max_seq_len <= 141:
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 2 workloads, 1.80x (1.70x .. 1.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 148:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len > 111:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 2 workloads, 1.21x (1.11x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 5 and max_seq_len > 111:
-        return 'triton_prefill_fused.c16v64'
-    # region 14: 7 workloads, 1.31x (1.13x .. 1.58x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141:
+    # region 9: 9 workloads, 1.35x (1.17x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255:
         return 'triton_prefill_fused.c16v32'
-    # region 15: 6 workloads, 1.61x (1.14x .. 2.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 73 < max_seq_len <= 369:
+    # region 10: 6 workloads, 1.32x (1.20x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255:
         return 'triton_prefill_fused.c16v32'
-    # region 16: 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563:
+    # region 11: 6 workloads, 1.72x (1.33x .. 2.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148:
         return 'triton_prefill_fused.c16v64'
-    # region 17: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 563:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 20 workloads, 1.94x (1.31x .. 3.81x) over vllm_flashinfer_prefill
-    if num_seqs <= 4 and 686 < max_seq_len <= 4399:
+    # region 12: 8 workloads, 1.91x (1.51x .. 3.40x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 4 and max_seq_len > 4399:
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 10 workloads, 1.90x (1.39x .. 2.32x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and num_seqs > 4 and 5 < mean_seq_len <= 22 and max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 4 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 22 and max_seq_len <= 73:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 14 workloads, 1.85x (1.43x .. 2.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 238 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len <= 111:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 4 workloads, 2.83x (2.33x .. 3.64x) over vllm_flashinfer_prefill
-    if 326 < total_seq_len <= 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 8 workloads, 3.98x (2.47x .. 7.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and max_seq_len <= 392:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 2 workloads, 2.64x (2.62x .. 2.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and mean_seq_len <= 326 and 392 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 1448 and num_seqs > 14 and 5 < mean_seq_len <= 22 and 73 < max_seq_len <= 98:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
-    if 362 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 22 and 73 < max_seq_len <= 98:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 2317 and 14 < num_seqs <= 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 2317 and num_seqs > 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141:
+    # region 14: 10 workloads, 1.72x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and 896 < max_seq_len <= 4399:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill
+    if num_seqs > 4 and mean_seq_len <= 2 and 157 < max_seq_len <= 443:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 443:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 2 workloads, 1.27x (1.11x .. 1.45x) over vllm_flashinfer_prefill
+    if num_seqs > 4 and 2 < mean_seq_len <= 5 and 157 < max_seq_len <= 443:
         return 'triton_prefill_fused.c16v64'
-    # region 30: 2 workloads, 1.27x (1.13x .. 1.42x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 5 workloads, 1.29x (1.17x .. 1.44x) over vllm_flashinfer_prefill's guarded call
+    # region 19: 6 workloads, 2.40x (1.97x .. 2.89x) over vllm_flashinfer_prefill
+    if num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 10 workloads, 2.28x (1.47x .. 3.99x) over vllm_flashinfer_prefill
+    if num_seqs > 17 and mean_seq_len <= 2 and 4 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 14 workloads, 4.95x (3.47x .. 6.53x) over vllm_flashinfer_prefill
+    if 44 < total_seq_len <= 724 and num_seqs <= 4 and max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 22: 24 workloads, 3.51x (2.13x .. 7.39x) over vllm_flashinfer_prefill
+    if 44 < total_seq_len <= 724 and num_seqs <= 4 and 127 < max_seq_len <= 896:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 23: 2 workloads, 2.93x (2.76x .. 3.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 13 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 25: 10 workloads, 1.95x (1.75x .. 2.15x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 4 workloads, 1.78x (1.67x .. 1.88x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 10 workloads, 1.98x (1.49x .. 2.72x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 19 and 98 < max_seq_len <= 148:
+        return 'triton_prefill_fused.c16v64'
+    # region 29: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 98:
+        return 'triton_prefill_fused.c16v64'
+    # region 30: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 4 and 19 < mean_seq_len <= 37 and 98 < max_seq_len <= 148:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 5 workloads, 1.31x (1.19x .. 1.46x) over vllm_flashinfer_prefill's guarded call
     if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:
         return 'triton_prefill_fused.c16v64'
-    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 2 workloads, 1.38x (1.36x .. 1.39x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 6 workloads, 2.77x (1.91x .. 4.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 4 and mean_seq_len > 326 and max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 111:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 2 workloads, 1.57x (1.27x .. 1.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 37 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 14 and mean_seq_len > 5 and max_seq_len > 141:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 73:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 4 workloads, 3.21x (2.47x .. 4.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 4 and max_seq_len <= 419:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 35: 8 workloads, 2.84x (2.09x .. 4.38x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 4 and 419 < max_seq_len <= 896:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 36: 54 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and max_seq_len > 73:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 3 workloads, 1.38x (1.18x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 73:
+    # region 37: 7 workloads, 1.31x (1.14x .. 1.60x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73:
         return 'triton_prefill_fused.c16v64'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 14 < num_seqs <= 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2317 and num_seqs > 14 and mean_seq_len > 5 and 98 < max_seq_len <= 141:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -695,20 +661,10 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 1448 and 4 < num_seqs <= 14 and mean_seq_len > 5 and 369 < max_seq_len <= 563:  # region 16
+    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 19 and 98 < max_seq_len <= 148:  # region 28
         return True
-    if 362 < total_seq_len <= 1448 and num_seqs > 14 and 5 < mean_seq_len <= 22 and 73 < max_seq_len <= 98:  # region 26
+    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 98:  # region 29
         return True
-    if 362 < total_seq_len <= 1448 and num_seqs > 14 and mean_seq_len > 22 and 73 < max_seq_len <= 98:  # region 27
-        return True
-    if 362 < total_seq_len <= 2317 and num_seqs > 22 and mean_seq_len > 5 and 98 < max_seq_len <= 141:  # region 29
-        return True
-    if 724 < total_seq_len <= 1233 and num_seqs > 14 and mean_seq_len > 5 and 141 < max_seq_len <= 362:  # region 30
-        return True
-    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 32
-        return True
-    if 724 < total_seq_len <= 2896 and num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 73:  # region 34
-        return True
-    if total_seq_len > 1448 and 14 < num_seqs <= 181 and mean_seq_len > 5 and 73 < max_seq_len <= 98:  # region 41
+    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 31
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:07Z
+# measured    up to 2026-11-29T13:52:41Z
 # workloads   132 (workload-set digest 0a43ec6698a623cf)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 9.57% mean, 323.06% max;
 #             1.032x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.43% mean, 148.92% max;
-#             1.218x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.79% mean, 141.78% max;
+#             1.210x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
@@ -45,18 +45,19 @@
 #   5. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 96 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and 53 < mean_seq_len <= 291: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.56x (4.05x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 226 and mean_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   5. 181 < total_seq_len <= 878 and 53 < mean_seq_len <= 291: triton_prefill_fused.c16v64, 16 workloads, 2.07x (1.17x .. 5.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   6. 226 < total_seq_len <= 362 and mean_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   7. 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   8. 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53: triton_prefill_fused.c16v64, 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   9. total_seq_len > 362 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   10. total_seq_len > 878 and 53 < mean_seq_len <= 291: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 1020 and 3 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 5404 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 151 and num_seqs <= 2 and 37 < mean_seq_len <= 291: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.25x (3.90x .. 4.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs <= 22 and 7 < mean_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 13 workloads, 2.81x (1.42x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 620 and num_seqs > 2 and 37 < mean_seq_len <= 291: triton_prefill_fused.c16v64, 11 workloads, 1.50x (1.16x .. 1.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   4. total_seq_len <= 791 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.32x (1.49x .. 8.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 1020 and num_seqs > 22 and 7 < mean_seq_len <= 37: triton_prefill_fused.c16v64, 7 workloads, 1.37x (1.08x .. 1.61x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.72x (1.34x .. 2.03x) over vllm_flashinfer_prefill
+#   7. total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 151 and num_seqs <= 2 and 37 < mean_seq_len <= 291: triton_prefill_fused.c16v32, 4 workloads, 3.32x (2.91x .. 3.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   9. total_seq_len > 181 and num_seqs <= 22 and 7 < mean_seq_len <= 37: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.17x (1.13x .. 1.22x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 620 and num_seqs > 2 and 37 < mean_seq_len <= 291: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 791 and mean_seq_len <= 7: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 1020 and num_seqs > 22 and 7 < mean_seq_len <= 37: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   13. total_seq_len > 5404 and mean_seq_len > 291: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -69,18 +70,19 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (4.05, 5.56, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (None, 226)}, 'workloads': 23, 'speedup': (1.55, 3.16, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5404)}, 'workloads': 8, 'speedup': (1.49, 2.12, 3.83), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (2, None), 'total_seq_len': (None, 5404)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (181, 878)}, 'workloads': 16, 'speedup': (1.17, 2.07, 5.66), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 53), 'total_seq_len': (226, 362)}, 'workloads': 6, 'speedup': (1.33, 1.79, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (None, 34), 'total_seq_len': (362, 1020)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 53), 'num_seqs': (34, None), 'total_seq_len': (362, 1020)}, 'workloads': 4, 'speedup': (1.12, 1.22, 1.38), 'fallbacks': (), 'hand_back': True},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, 291), 'total_seq_len': (878, None)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, 53), 'total_seq_len': (1020, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'total_seq_len': (5404, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (37, 291), 'num_seqs': (None, 2), 'total_seq_len': (None, 151)}, 'workloads': 3, 'speedup': (3.9, 4.25, 4.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (7, 37), 'num_seqs': (None, 22), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (1.42, 2.81, 6.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (37, 291), 'num_seqs': (2, None), 'total_seq_len': (None, 620)}, 'workloads': 11, 'speedup': (1.16, 1.5, 1.76), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (None, 791)}, 'workloads': 16, 'speedup': (1.49, 2.32, 8.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, 37), 'num_seqs': (22, None), 'total_seq_len': (None, 1020)}, 'workloads': 7, 'speedup': (1.08, 1.37, 1.61), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5404)}, 'workloads': 8, 'speedup': (1.34, 1.72, 2.03), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'num_seqs': (2, None), 'total_seq_len': (None, 5404)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (37, 291), 'num_seqs': (None, 2), 'total_seq_len': (151, None)}, 'workloads': 4, 'speedup': (2.91, 3.32, 3.93), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (7, 37), 'num_seqs': (None, 22), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (1.13, 1.17, 1.22), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (37, 291), 'num_seqs': (2, None), 'total_seq_len': (620, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 7), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, 37), 'num_seqs': (22, None), 'total_seq_len': (1020, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (291, None), 'total_seq_len': (5404, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -113,50 +115,46 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 5.56x (4.05x .. 7.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 53 < mean_seq_len <= 291:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 23 workloads, 3.16x (1.55x .. 9.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 226 and mean_seq_len <= 53:
+    # region 1: 3 workloads, 4.25x (3.90x .. 4.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 151 and num_seqs <= 2 and 37 < mean_seq_len <= 291:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 13 workloads, 2.81x (1.42x .. 6.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 22 and 7 < mean_seq_len <= 37:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 11 workloads, 1.50x (1.16x .. 1.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 620 and num_seqs > 2 and 37 < mean_seq_len <= 291:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 16 workloads, 2.32x (1.49x .. 8.33x) over vllm_flashinfer_prefill
+    if total_seq_len <= 791 and mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 8 workloads, 2.12x (1.49x .. 3.83x) over vllm_flashinfer_prefill
+    # region 5: 7 workloads, 1.37x (1.08x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1020 and num_seqs > 22 and 7 < mean_seq_len <= 37:
+        return 'triton_prefill_fused.c16v64'
+    # region 6: 8 workloads, 1.72x (1.34x .. 2.03x) over vllm_flashinfer_prefill
     if total_seq_len <= 5404 and num_seqs <= 2 and mean_seq_len > 291:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5404 and num_seqs > 2 and mean_seq_len > 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 16 workloads, 2.07x (1.17x .. 5.66x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 878 and 53 < mean_seq_len <= 291:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 6 workloads, 1.79x (1.33x .. 2.16x) over vllm_flashinfer_prefill
-    if 226 < total_seq_len <= 362 and mean_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 1020 and num_seqs <= 34 and 3 < mean_seq_len <= 53:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 4 workloads, 1.22x (1.12x .. 1.38x) over vllm_flashinfer_prefill's guarded call
-    if 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53:
-        return 'triton_prefill_fused.c16v64'
-    # region 9: 4 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 29 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 878 and 53 < mean_seq_len <= 291:
+    # region 8: 4 workloads, 3.32x (2.91x .. 3.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 151 and num_seqs <= 2 and 37 < mean_seq_len <= 291:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 6 workloads, 1.17x (1.13x .. 1.22x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 22 and 7 < mean_seq_len <= 37:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 30 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 620 and num_seqs > 2 and 37 < mean_seq_len <= 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 19 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1020 and 3 < mean_seq_len <= 53:
+    # region 11: 4 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 791 and mean_seq_len <= 7:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1020 and num_seqs > 22 and 7 < mean_seq_len <= 37:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 11 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 11 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5404 and mean_seq_len > 291:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 362 < total_seq_len <= 1020 and num_seqs > 34 and 3 < mean_seq_len <= 53:  # region 8
-        return True
-    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -166,8 +164,8 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.92% mean, 57.55% max;
 #             1.098x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.23% mean, 110.60% max;
-#             1.328x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.65% mean, 61.48% max;
+#             1.309x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -199,40 +197,50 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   28. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   29. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 28 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.26x (6.72x .. 9.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 58 and 5 < num_seqs <= 90 and 2 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 90 and num_seqs <= 1 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and 1 < num_seqs <= 5 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 2 workloads, 2.59x (1.80x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 878 and max_seq_len > 449: triton_prefill_fused.c16v32, 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
-#   8. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
-#   9. num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   10. 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   12. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   14. 90 < total_seq_len <= 181 and num_seqs <= 1 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v32, 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   15. 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   16. 181 < total_seq_len <= 878 and mean_seq_len > 2 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   18. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 63: triton_prefill_fused.c16v64, 6 workloads, 1.39x (1.22x .. 1.75x) over vllm_flashinfer_prefill
-#   19. 878 < total_seq_len <= 1448 and num_seqs <= 90 and 63 < max_seq_len <= 317: triton_prefill_fused.c16v64, 6 workloads, 1.35x (1.20x .. 1.56x) over vllm_flashinfer_prefill
-#   20. 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 878 < total_seq_len <= 1448 and num_seqs > 90 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   22. 878 < total_seq_len <= 2314 and num_seqs <= 2 and max_seq_len > 669: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.03x (1.84x .. 2.27x) over vllm_flashinfer_prefill
-#   23. 878 < total_seq_len <= 2314 and num_seqs <= 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.74x (1.13x .. 3.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   24. 878 < total_seq_len <= 2314 and num_seqs > 2 and max_seq_len > 669: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   25. 1448 < total_seq_len <= 2314 and num_seqs <= 45 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   26. 1448 < total_seq_len <= 2314 and num_seqs > 5 and 317 < max_seq_len <= 669: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   27. 1448 < total_seq_len <= 2314 and num_seqs > 45 and 63 < max_seq_len <= 317: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
-#   28. 2314 < total_seq_len <= 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.37x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-#   29. 2314 < total_seq_len <= 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 2314 and num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 63: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and 63 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177: vllm_flashinfer_prefill (baseline), 17 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 12659 and mean_seq_len > 90 and max_seq_len > 7177: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 22 and num_seqs <= 90 and 4 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs <= 2 and 16 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.68x (6.11x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 90 and mean_seq_len > 53 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.38x (4.38x .. 4.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 90 and 2 < num_seqs <= 90 and 16 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.34x (1.90x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len <= 53 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v64, 2 workloads, 2.51x (1.68x .. 3.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and num_seqs > 5 and mean_seq_len <= 53 and 63 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.85x (1.40x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 362 and num_seqs <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.84x (8.84x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 362 and 2 < num_seqs <= 90 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.37x (2.11x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 724 and num_seqs <= 5 and 449 < max_seq_len <= 547: triton_prefill_fused.c16v32, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len <= 3259 and num_seqs <= 2 and 547 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   11. total_seq_len <= 3259 and num_seqs <= 5 and 898 < max_seq_len <= 978: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   12. total_seq_len <= 3259 and 978 < max_seq_len <= 1635: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.73x (1.67x .. 1.82x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 3259 and 1635 < max_seq_len <= 1859: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   14. total_seq_len <= 3259 and max_seq_len > 1859: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 3259 and num_seqs > 2 and 547 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   16. total_seq_len <= 3259 and num_seqs > 5 and 449 < max_seq_len <= 488: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. total_seq_len <= 3259 and num_seqs > 5 and 488 < max_seq_len <= 547: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   18. total_seq_len <= 3259 and num_seqs > 5 and 898 < max_seq_len <= 978: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   19. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.54x (1.19x .. 1.85x) over vllm_flashinfer_prefill
+#   20. num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   21. 22 < total_seq_len <= 362 and num_seqs <= 90 and 4 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.49x (1.88x .. 3.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   22. 90 < total_seq_len <= 181 and mean_seq_len > 53 and 63 < max_seq_len <= 449: triton_prefill_fused.c16v32, 1 workloads, 4.14x (4.14x .. 4.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   23. 90 < total_seq_len <= 362 and num_seqs <= 90 and 16 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.35x (2.12x .. 2.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 181 < total_seq_len <= 1448 and num_seqs <= 90 and 63 < max_seq_len <= 64: triton_prefill_fused.c16v64, 3 workloads, 1.58x (1.30x .. 1.76x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. 181 < total_seq_len <= 1448 and mean_seq_len <= 2 and 64 < max_seq_len <= 449: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   26. 181 < total_seq_len <= 1448 and mean_seq_len > 2 and 64 < max_seq_len <= 449: triton_prefill_fused.c16v64, 25 workloads, 1.62x (1.10x .. 3.96x) over vllm_flashinfer_prefill
+#   27. 181 < total_seq_len <= 1448 and num_seqs > 90 and 63 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.64x .. 1.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   29. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 63: triton_prefill_fused.c16v64, 6 workloads, 1.38x (1.09x .. 1.61x) over vllm_flashinfer_prefill
+#   30. 724 < total_seq_len <= 3259 and num_seqs <= 5 and 449 < max_seq_len <= 547: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.56x (1.21x .. 2.03x) over vllm_flashinfer_prefill
+#   31. 1448 < total_seq_len <= 2896 and num_seqs <= 90 and 63 < max_seq_len <= 247: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   32. 1448 < total_seq_len <= 2896 and num_seqs > 90 and 63 < max_seq_len <= 247: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   33. total_seq_len > 1448 and num_seqs <= 45 and mean_seq_len <= 181 and 247 < max_seq_len <= 449: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 1448 and num_seqs <= 45 and mean_seq_len > 181 and 247 < max_seq_len <= 449: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   35. total_seq_len > 1448 and num_seqs > 45 and 247 < max_seq_len <= 449: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   36. 2896 < total_seq_len <= 5792 and 63 < max_seq_len <= 247: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   37. 3259 < total_seq_len <= 4464 and 449 < max_seq_len <= 3584: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill
+#   38. 3259 < total_seq_len <= 8951 and 3584 < max_seq_len <= 7169: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill
+#   39. 3259 < total_seq_len <= 8951 and max_seq_len > 7169: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. 4464 < total_seq_len <= 8951 and 449 < max_seq_len <= 3584: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   41. total_seq_len > 5792 and 63 < max_seq_len <= 247: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   42. total_seq_len > 8951 and mean_seq_len <= 2896 and 449 < max_seq_len <= 4829: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 8951 and mean_seq_len <= 2896 and max_seq_len > 4829: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   44. total_seq_len > 8951 and mean_seq_len > 2896 and max_seq_len > 449: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -267,40 +275,50 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (None, 28)}, 'workloads': 3, 'speedup': (6.72, 8.26, 9.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 63), 'num_seqs': (5, 90), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.17, 4.17, 4.17), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (None, 1), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (7.63, 7.63, 7.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (1, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.8, 2.59, 3.72), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.92, 1.94, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (449, None), 'total_seq_len': (None, 878)}, 'workloads': 4, 'speedup': (1.08, 1.43, 2.83), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 8, 'speedup': (1.29, 1.59, 1.91), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 5), 'total_seq_len': (28, 58)}, 'workloads': 1, 'speedup': (9.63, 9.63, 9.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 2, 'speedup': (2.26, 2.5, 2.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 63), 'mean_seq_len': (None, 2), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (2, None), 'num_seqs': (None, 90), 'total_seq_len': (58, 362)}, 'workloads': 15, 'speedup': (1.89, 2.62, 3.61), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, 449), 'num_seqs': (None, 1), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (4.6, 4.6, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 878)}, 'workloads': 1, 'speedup': (1.96, 1.96, 1.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (2, None), 'total_seq_len': (181, 878)}, 'workloads': 21, 'speedup': (1.19, 1.94, 5.66), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.64, 1.66, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 6, 'speedup': (1.22, 1.39, 1.75), 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (None, 90), 'total_seq_len': (878, 1448)}, 'workloads': 6, 'speedup': (1.2, 1.35, 1.56), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (5, None), 'total_seq_len': (878, 1448)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (90, None), 'total_seq_len': (878, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (669, None), 'num_seqs': (None, 2), 'total_seq_len': (878, 2314)}, 'workloads': 4, 'speedup': (1.84, 2.03, 2.27), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (None, 5), 'total_seq_len': (878, 2314)}, 'workloads': 3, 'speedup': (1.13, 1.74, 3.83), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (669, None), 'num_seqs': (2, None), 'total_seq_len': (878, 2314)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (None, 45), 'total_seq_len': (1448, 2314)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (317, 669), 'num_seqs': (5, None), 'total_seq_len': (1448, 2314)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 317), 'num_seqs': (45, None), 'total_seq_len': (1448, 2314)}, 'workloads': 1, 'speedup': (1.57, 1.57, 1.57), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 7177), 'mean_seq_len': (90, None), 'total_seq_len': (2314, 7968)}, 'workloads': 5, 'speedup': (1.13, 1.37, 1.53), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (90, None), 'total_seq_len': (2314, 12659)}, 'workloads': 2, 'speedup': (1.05, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 90), 'num_seqs': (None, 181), 'total_seq_len': (2314, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 5420), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (2314, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (2314, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 7177), 'mean_seq_len': (90, None), 'total_seq_len': (7968, None)}, 'workloads': 17, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (90, None), 'total_seq_len': (12659, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 16), 'num_seqs': (None, 90), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.26, 6.26, 6.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 63), 'num_seqs': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (6.11, 6.68, 7.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (53, None), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (4.38, 4.38, 4.38), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 63), 'num_seqs': (2, 90), 'total_seq_len': (None, 90)}, 'workloads': 4, 'speedup': (1.9, 2.34, 3.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (None, 53), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.68, 2.51, 3.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (None, 53), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.4, 1.85, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 2), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (8.84, 8.84, 8.84), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (2, 90), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.11, 2.37, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (449, 547), 'num_seqs': (None, 5), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (547, 898), 'num_seqs': (None, 2), 'total_seq_len': (None, 3259)}, 'workloads': 1, 'speedup': (1.76, 1.76, 1.76), 'fallbacks': (), 'hand_back': True},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 978), 'num_seqs': (None, 5), 'total_seq_len': (None, 3259)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (978, 1635), 'total_seq_len': (None, 3259)}, 'workloads': 3, 'speedup': (1.67, 1.73, 1.82), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1635, 1859), 'total_seq_len': (None, 3259)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1859, None), 'total_seq_len': (None, 3259)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (547, 898), 'num_seqs': (2, None), 'total_seq_len': (None, 3259)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (449, 488), 'num_seqs': (5, None), 'total_seq_len': (None, 3259)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (488, 547), 'num_seqs': (5, None), 'total_seq_len': (None, 3259)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, 978), 'num_seqs': (5, None), 'total_seq_len': (None, 3259)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 8, 'speedup': (1.19, 1.54, 1.85), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (90, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 16), 'num_seqs': (None, 90), 'total_seq_len': (22, 362)}, 'workloads': 8, 'speedup': (1.88, 2.49, 3.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, 449), 'mean_seq_len': (53, None), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (4.14, 4.14, 4.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 63), 'num_seqs': (None, 90), 'total_seq_len': (90, 362)}, 'workloads': 3, 'speedup': (2.12, 2.35, 2.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (None, 90), 'total_seq_len': (181, 1448)}, 'workloads': 3, 'speedup': (1.3, 1.58, 1.76), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, 449), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 1448)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 449), 'mean_seq_len': (2, None), 'total_seq_len': (181, 1448)}, 'workloads': 25, 'speedup': (1.1, 1.62, 3.96), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (63, 64), 'num_seqs': (90, None), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (None, 11), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.64, 1.73, 1.83), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (11, None), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 6, 'speedup': (1.09, 1.38, 1.61), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (449, 547), 'num_seqs': (None, 5), 'total_seq_len': (724, 3259)}, 'workloads': 2, 'speedup': (1.21, 1.56, 2.03), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 247), 'num_seqs': (None, 90), 'total_seq_len': (1448, 2896)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 247), 'num_seqs': (90, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (247, 449), 'mean_seq_len': (None, 181), 'num_seqs': (None, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (247, 449), 'mean_seq_len': (181, None), 'num_seqs': (None, 45), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (247, 449), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (63, 247), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (449, 3584), 'total_seq_len': (3259, 4464)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3584, 7169), 'total_seq_len': (3259, 8951)}, 'workloads': 3, 'speedup': (1.05, 1.11, 1.16), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7169, None), 'total_seq_len': (3259, 8951)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (449, 3584), 'total_seq_len': (4464, 8951)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, 247), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (449, 4829), 'mean_seq_len': (None, 2896), 'total_seq_len': (8951, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4829, None), 'mean_seq_len': (None, 2896), 'total_seq_len': (8951, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (2896, None), 'total_seq_len': (8951, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -402,113 +420,145 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.26x (6.72x .. 9.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 5 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 58 and 5 < num_seqs <= 90 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and 5 < num_seqs <= 90 and 2 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 7.63x (7.63x .. 7.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 1 and 63 < max_seq_len <= 449:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 2 workloads, 2.59x (1.80x .. 3.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 1 < num_seqs <= 5 and 63 < max_seq_len <= 449:
+    # region 1: 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 90 and 4 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 6.68x (6.11x .. 7.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 2 and 16 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 1 workloads, 4.38x (4.38x .. 4.38x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and mean_seq_len > 53 and 63 < max_seq_len <= 449:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 4 workloads, 2.34x (1.90x .. 3.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 2 < num_seqs <= 90 and 16 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 2.51x (1.68x .. 3.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len <= 53 and 63 < max_seq_len <= 449:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 2 workloads, 1.94x (1.92x .. 1.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 5 and 63 < max_seq_len <= 449:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 4 workloads, 1.43x (1.08x .. 2.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 878 and max_seq_len > 449:
-        return 'triton_prefill_fused.c16v32'
-    # region 8: 8 workloads, 1.59x (1.29x .. 1.91x) over vllm_flashinfer_prefill
+    # region 6: 2 workloads, 1.85x (1.40x .. 2.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 5 and mean_seq_len <= 53 and 63 < max_seq_len <= 449:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 8.84x (8.84x .. 8.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 2 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 3 workloads, 2.37x (2.11x .. 2.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 2 < num_seqs <= 90 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs <= 5 and 449 < max_seq_len <= 547:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 3259 and num_seqs <= 2 and 547 < max_seq_len <= 898:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3259 and num_seqs <= 5 and 898 < max_seq_len <= 978:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 3 workloads, 1.73x (1.67x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3259 and 978 < max_seq_len <= 1635:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 3259 and 1635 < max_seq_len <= 1859:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3259 and max_seq_len > 1859:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 3259 and num_seqs > 2 and 547 < max_seq_len <= 898:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 3259 and num_seqs > 5 and 449 < max_seq_len <= 488:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3259 and num_seqs > 5 and 488 < max_seq_len <= 547:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 3259 and num_seqs > 5 and 898 < max_seq_len <= 978:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 8 workloads, 1.54x (1.19x .. 1.85x) over vllm_flashinfer_prefill
     if num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 63:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 20: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 63:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 1 workloads, 9.63x (9.63x .. 9.63x) over vllm_flashinfer_prefill
-    if 28 < total_seq_len <= 58 and num_seqs <= 5 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 2 workloads, 2.50x (2.26x .. 2.76x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len <= 2 and 12 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 15 workloads, 2.62x (1.89x .. 3.61x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 362 and num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs <= 1 and 63 < max_seq_len <= 449:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 1 workloads, 1.96x (1.96x .. 1.96x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 878 and mean_seq_len <= 2 and 63 < max_seq_len <= 449:
+    # region 21: 8 workloads, 2.49x (1.88x .. 3.33x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 362 and num_seqs <= 90 and 4 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 1 workloads, 4.14x (4.14x .. 4.14x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and mean_seq_len > 53 and 63 < max_seq_len <= 449:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 23: 3 workloads, 2.35x (2.12x .. 2.83x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and num_seqs <= 90 and 16 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 3 workloads, 1.58x (1.30x .. 1.76x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 90 and 63 < max_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and mean_seq_len <= 2 and 64 < max_seq_len <= 449:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 21 workloads, 1.94x (1.19x .. 5.66x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 878 and mean_seq_len > 2 and 63 < max_seq_len <= 449:
+    # region 26: 25 workloads, 1.62x (1.10x .. 3.96x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and mean_seq_len > 2 and 64 < max_seq_len <= 449:
         return 'triton_prefill_fused.c16v64'
-    # region 17: 2 workloads, 1.66x (1.64x .. 1.69x) over vllm_flashinfer_prefill
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 1448 and num_seqs > 90 and 63 < max_seq_len <= 64:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 2 workloads, 1.73x (1.64x .. 1.83x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 6 workloads, 1.39x (1.22x .. 1.75x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 6 workloads, 1.38x (1.09x .. 1.61x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 63:
         return 'triton_prefill_fused.c16v64'
-    # region 19: 6 workloads, 1.35x (1.20x .. 1.56x) over vllm_flashinfer_prefill
-    if 878 < total_seq_len <= 1448 and num_seqs <= 90 and 63 < max_seq_len <= 317:
-        return 'triton_prefill_fused.c16v64'
-    # region 20: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call
-    if 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 878 < total_seq_len <= 1448 and num_seqs > 90 and 63 < max_seq_len <= 317:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 4 workloads, 2.03x (1.84x .. 2.27x) over vllm_flashinfer_prefill
-    if 878 < total_seq_len <= 2314 and num_seqs <= 2 and max_seq_len > 669:
+    # region 30: 2 workloads, 1.56x (1.21x .. 2.03x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3259 and num_seqs <= 5 and 449 < max_seq_len <= 547:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 3 workloads, 1.74x (1.13x .. 3.83x) over vllm_flashinfer_prefill
-    if 878 < total_seq_len <= 2314 and num_seqs <= 5 and 317 < max_seq_len <= 669:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if 878 < total_seq_len <= 2314 and num_seqs > 2 and max_seq_len > 669:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2314 and num_seqs <= 45 and 63 < max_seq_len <= 317:
+    # region 31: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 90 and 63 < max_seq_len <= 247:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2314 and num_seqs > 5 and 317 < max_seq_len <= 669:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 1 workloads, 1.57x (1.57x .. 1.57x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2314 and num_seqs > 45 and 63 < max_seq_len <= 317:
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 2896 and num_seqs > 90 and 63 < max_seq_len <= 247:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 5 workloads, 1.37x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-    if 2314 < total_seq_len <= 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177:
+    # region 33: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 45 and mean_seq_len <= 181 and 247 < max_seq_len <= 449:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 2 workloads, 1.08x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-    if 2314 < total_seq_len <= 12659 and mean_seq_len > 90 and max_seq_len > 7177:
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs <= 45 and mean_seq_len > 181 and 247 < max_seq_len <= 449:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and num_seqs > 45 and 247 < max_seq_len <= 449:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2314 and num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 63:
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 63 < max_seq_len <= 247:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and 63 < max_seq_len <= 5420:
+    # region 37: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill
+    if 3259 < total_seq_len <= 4464 and 449 < max_seq_len <= 3584:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2314 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 17 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 90 and 63 < max_seq_len <= 7177:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 12659 and mean_seq_len > 90 and max_seq_len > 7177:
+    # region 38: 3 workloads, 1.11x (1.05x .. 1.16x) over vllm_flashinfer_prefill
+    if 3259 < total_seq_len <= 8951 and 3584 < max_seq_len <= 7169:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 3259 < total_seq_len <= 8951 and max_seq_len > 7169:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if 4464 < total_seq_len <= 8951 and 449 < max_seq_len <= 3584:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 63 < max_seq_len <= 247:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 8951 and mean_seq_len <= 2896 and 449 < max_seq_len <= 4829:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 8951 and mean_seq_len <= 2896 and max_seq_len > 4829:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 8951 and mean_seq_len > 2896 and max_seq_len > 449:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 878 < total_seq_len <= 1448 and num_seqs > 5 and 317 < max_seq_len <= 669:  # region 20
+    if total_seq_len <= 3259 and num_seqs <= 2 and 547 < max_seq_len <= 898:  # region 10
+        return True
+    if total_seq_len <= 3259 and num_seqs <= 5 and 898 < max_seq_len <= 978:  # region 11
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:18Z
+# measured    up to 2026-11-29T13:50:50Z
 # workloads   132 (workload-set digest e9dd743e34bc8675)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 21.45% mean, 332.35% max;
 #             1.235x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 30.57% mean, 211.90% max;
-#             1.744x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.10% mean, 212.46% max;
+#             1.820x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.58x (5.29x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 724 and num_seqs <= 1 and mean_seq_len > 245: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.73x (1.45x .. 2.05x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
@@ -53,17 +53,18 @@
 #   13. total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 #   14. total_seq_len > 3436 and 90 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 55 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 1448 and num_seqs > 225: triton_prefill_fused.c16v64, 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   3. total_seq_len <= 1841 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. 21 < num_seqs <= 225 and mean_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 13 workloads, 2.69x (1.11x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. 21 < num_seqs <= 225 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. 55 < total_seq_len <= 95 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.04x (5.53x .. 10.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. 95 < total_seq_len <= 172 and num_seqs <= 21 and mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.98x (3.68x .. 9.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len > 172 and num_seqs <= 21 and mean_seq_len <= 419: triton_prefill_fused.c16v32, 40 workloads, 3.38x (1.15x .. 6.67x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 1448 and num_seqs > 225: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. 1841 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419: triton_prefill_chunked.v64, 4 workloads, 1.49x (1.18x .. 1.86x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 4900 and num_seqs <= 21 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 432 and 3 < num_seqs <= 30 and mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 22 workloads, 5.81x (2.82x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 754 and 30 < num_seqs <= 87 and mean_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 11 workloads, 2.47x (1.33x .. 3.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 754 and num_seqs > 87 and mean_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.07x (1.14x .. 2.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 1422 and num_seqs <= 30 and mean_seq_len > 419: triton_prefill_fused.c16v32, 5 workloads, 2.18x (2.06x .. 2.30x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   5. num_seqs <= 3 and mean_seq_len <= 202: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.66x (3.30x .. 8.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. num_seqs <= 3 and 202 < mean_seq_len <= 419: triton_prefill_fused.c16v32, 2 workloads, 3.34x (3.06x .. 3.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   7. num_seqs > 30 and 11 < mean_seq_len <= 30: triton_prefill_fused.c16v32, 7 workloads, 1.65x (1.21x .. 2.21x) over vllm_flashinfer_prefill
+#   8. num_seqs > 30 and mean_seq_len > 30: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 432 and 3 < num_seqs <= 22 and mean_seq_len <= 419: triton_prefill_fused.c16v32, 27 workloads, 2.91x (1.22x .. 4.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len > 754 and num_seqs > 30 and mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   11. 1422 < total_seq_len <= 4900 and num_seqs <= 30 and mean_seq_len > 419: triton_prefill_chunked.v64, 4 workloads, 1.90x (1.70x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len > 4900 and num_seqs <= 30 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -84,17 +85,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (None, 55)}, 'workloads': 6, 'speedup': (5.94, 8.95, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.26, 1.51, 1.73), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 1841)}, 'workloads': 5, 'speedup': (1.93, 2.17, 2.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (21, 225)}, 'workloads': 13, 'speedup': (1.11, 2.69, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (21, 225)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (55, 95)}, 'workloads': 7, 'speedup': (5.53, 7.04, 10.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (95, 172)}, 'workloads': 7, 'speedup': (3.68, 5.98, 9.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 21), 'total_seq_len': (172, None)}, 'workloads': 40, 'speedup': (1.15, 3.38, 6.67), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (225, None), 'total_seq_len': (1448, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (1841, 4900)}, 'workloads': 4, 'speedup': (1.18, 1.49, 1.86), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 21), 'total_seq_len': (4900, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (3, 30), 'total_seq_len': (None, 432)}, 'workloads': 22, 'speedup': (2.82, 5.81, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (30, 87), 'total_seq_len': (None, 754)}, 'workloads': 11, 'speedup': (1.33, 2.47, 3.38), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (87, None), 'total_seq_len': (None, 754)}, 'workloads': 4, 'speedup': (1.14, 2.07, 2.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 30), 'total_seq_len': (None, 1422)}, 'workloads': 5, 'speedup': (2.06, 2.18, 2.3), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 202), 'num_seqs': (None, 3)}, 'workloads': 10, 'speedup': (3.3, 5.66, 8.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (202, 419), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (3.06, 3.34, 3.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (11, 30), 'num_seqs': (30, None)}, 'workloads': 7, 'speedup': (1.21, 1.65, 2.21), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (30, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (3, 22), 'total_seq_len': (432, None)}, 'workloads': 27, 'speedup': (1.22, 2.91, 4.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (30, None), 'total_seq_len': (754, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 30), 'total_seq_len': (1422, 4900)}, 'workloads': 4, 'speedup': (1.7, 1.9, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 30), 'total_seq_len': (4900, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -151,38 +153,41 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 8.95x (5.94x .. 11.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 55 and num_seqs <= 21 and mean_seq_len <= 419:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 6 workloads, 1.51x (1.26x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 225:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 3: 5 workloads, 2.17x (1.93x .. 2.38x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1841 and num_seqs <= 21 and mean_seq_len > 419:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 13 workloads, 2.69x (1.11x .. 4.81x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 225 and mean_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 25 workloads, the baseline; its stand-ins where it cannot run here
-    if 21 < num_seqs <= 225 and mean_seq_len > 11:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 7.04x (5.53x .. 10.71x) over vllm_flashinfer_prefill
-    if 55 < total_seq_len <= 95 and num_seqs <= 21 and mean_seq_len <= 419:
+    # region 1: 22 workloads, 5.81x (2.82x .. 7.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 432 and 3 < num_seqs <= 30 and mean_seq_len <= 419:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 7 workloads, 5.98x (3.68x .. 9.91x) over vllm_flashinfer_prefill
-    if 95 < total_seq_len <= 172 and num_seqs <= 21 and mean_seq_len <= 419:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 40 workloads, 3.38x (1.15x .. 6.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 172 and num_seqs <= 21 and mean_seq_len <= 419:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 225:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.49x (1.18x .. 1.86x) over vllm_flashinfer_prefill
-    if 1841 < total_seq_len <= 4900 and num_seqs <= 21 and mean_seq_len > 419:
-        return 'triton_prefill_chunked.v64'
-    # region 11: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4900 and num_seqs <= 21 and mean_seq_len > 419:
+    # region 2: 11 workloads, 2.47x (1.33x .. 3.38x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and 30 < num_seqs <= 87 and mean_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 4 workloads, 2.07x (1.14x .. 2.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 87 and mean_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 5 workloads, 2.18x (2.06x .. 2.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1422 and num_seqs <= 30 and mean_seq_len > 419:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 10 workloads, 5.66x (3.30x .. 8.12x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and mean_seq_len <= 202:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 2 workloads, 3.34x (3.06x .. 3.63x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and 202 < mean_seq_len <= 419:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 7 workloads, 1.65x (1.21x .. 2.21x) over vllm_flashinfer_prefill
+    if num_seqs > 30 and 11 < mean_seq_len <= 30:
+        return 'triton_prefill_fused.c16v32'
+    # region 8: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 30 and mean_seq_len > 30:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 27 workloads, 2.91x (1.22x .. 4.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 432 and 3 < num_seqs <= 22 and mean_seq_len <= 419:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 754 and num_seqs > 30 and mean_seq_len <= 11:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 4 workloads, 1.90x (1.70x .. 2.05x) over vllm_flashinfer_prefill
+    if 1422 < total_seq_len <= 4900 and num_seqs <= 30 and mean_seq_len > 419:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 12: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4900 and num_seqs <= 30 and mean_seq_len > 419:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -194,8 +199,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.78% mean, 69.70% max;
 #             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.00% mean, 46.13% max;
-#             2.097x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.84% mean, 56.63% max;
+#             2.126x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -251,47 +256,48 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   52. total_seq_len > 20107 and num_seqs <= 22 and 1888 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   53. total_seq_len > 20107 and num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.75x (9.75x .. 9.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.80x (9.80x .. 9.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 4 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 8 workloads, 8.18x (5.94x .. 10.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 45 < max_seq_len <= 862: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.21x (4.29x .. 5.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 158 and num_seqs <= 21 and 22 < mean_seq_len <= 45 and 4 < max_seq_len <= 862: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.03x (5.33x .. 11.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len > 45 and 4 < max_seq_len <= 862: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.33x (4.95x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 158 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126: cuda_prefill_pool_rows.k16c8, 3 workloads, 2.37x (2.16x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   10. total_seq_len <= 1448 and num_seqs > 21 and 126 < max_seq_len <= 449: triton_prefill_fused.c16v64, 3 workloads, 1.42x (1.26x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 1448 and num_seqs > 21 and 449 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   12. total_seq_len <= 2896 and 21 < num_seqs <= 90 and 930 < max_seq_len <= 1356: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   13. total_seq_len <= 2896 and 21 < num_seqs <= 90 and max_seq_len > 1356: triton_prefill_chunked.v64, 2 workloads, 1.26x (1.22x .. 1.30x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.16x (1.74x .. 2.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   15. total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   16. num_seqs <= 21 and 862 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.95x (1.87x .. 2.21x) over vllm_flashinfer_prefill
-#   17. num_seqs <= 21 and 1091 < max_seq_len <= 1810: triton_prefill_chunked.v64, 4 workloads, 1.55x (1.18x .. 2.00x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 21 and 1810 < max_seq_len <= 4084: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.58x (1.30x .. 2.01x) over vllm_flashinfer_prefill
-#   19. num_seqs <= 21 and max_seq_len > 4084: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. num_seqs > 21 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.12x (1.85x .. 5.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   21. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and max_seq_len <= 79: cuda_prefill_pool_rows.k8c8, 5 workloads, 5.76x (5.03x .. 6.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and 79 < max_seq_len <= 862: triton_prefill_fused.c16v32, 8 workloads, 3.52x (2.18x .. 5.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   23. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and max_seq_len <= 158: triton_prefill_fused.c16v64, 2 workloads, 5.28x (4.63x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   24. 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and 158 < max_seq_len <= 862: triton_prefill_fused.c16v32, 7 workloads, 3.54x (2.43x .. 4.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   25. total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   26. 567 < total_seq_len <= 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862: triton_prefill_fused.c16v32, 9 workloads, 2.62x (1.96x .. 3.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   27. total_seq_len > 567 and num_seqs <= 10 and max_seq_len <= 283: triton_prefill_fused.c16v32, 4 workloads, 4.15x (3.22x .. 4.89x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   28. total_seq_len > 567 and 10 < num_seqs <= 21 and max_seq_len <= 283: triton_prefill_fused.c16v64, 4 workloads, 4.07x (3.22x .. 4.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   29. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126: triton_prefill_fused.c16v64, 4 workloads, 1.87x (1.66x .. 2.25x) over vllm_flashinfer_prefill
-#   30. 1448 < total_seq_len <= 2896 and num_seqs > 21 and 126 < max_seq_len <= 294: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   31. 1448 < total_seq_len <= 2896 and num_seqs > 21 and 294 < max_seq_len <= 930: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   32. 2896 < total_seq_len <= 4833 and 21 < num_seqs <= 79 and max_seq_len > 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   33. 2896 < total_seq_len <= 11585 and num_seqs > 79 and 126 < max_seq_len <= 221: triton_prefill_fused.c16v64, 2 workloads, 1.48x (1.16x .. 1.90x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. total_seq_len > 2896 and 21 < num_seqs <= 79 and 126 < max_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 1.33x (1.18x .. 1.50x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 2896 and 21 < num_seqs <= 79 and 362 < max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   38. total_seq_len > 2896 and num_seqs > 79 and 221 < max_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 2896 and num_seqs > 79 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   40. total_seq_len > 4833 and 21 < num_seqs <= 79 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   41. total_seq_len > 11585 and num_seqs > 79 and 126 < max_seq_len <= 221: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 362 and num_seqs > 30 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.21x (3.08x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 362 and num_seqs > 30 and 9 < max_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.85x (2.85x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 362 and num_seqs > 30 and 22 < max_seq_len <= 126: cuda_prefill_pool_rows.k16c8, 3 workloads, 2.39x (2.01x .. 2.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 374 and num_seqs <= 2 and mean_seq_len <= 224 and 31 < max_seq_len <= 1023: cuda_prefill_pool_rows.k16c8, 7 workloads, 4.94x (3.30x .. 7.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 374 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.12x (8.12x .. 8.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 374 and num_seqs <= 2 and mean_seq_len > 224 and 31 < max_seq_len <= 1023: triton_prefill_fused.c16v32, 1 workloads, 3.06x (3.06x .. 3.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len <= 374 and num_seqs <= 30 and 2 < max_seq_len <= 31: cuda_prefill_pool_rows.k16c8, 8 workloads, 6.91x (5.91x .. 8.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 374 and 2 < num_seqs <= 30 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.34x (3.79x .. 7.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 374 and 2 < num_seqs <= 30 and 31 < max_seq_len <= 170: cuda_prefill_pool_rows.k16c8, 12 workloads, 6.07x (4.43x .. 7.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len <= 374 and 2 < num_seqs <= 30 and 170 < max_seq_len <= 1023: triton_prefill_fused.c16v32, 2 workloads, 3.35x (3.08x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. total_seq_len <= 724 and num_seqs > 30 and 126 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8
+#   12. total_seq_len <= 724 and num_seqs > 30 and 157 < max_seq_len <= 361: triton_prefill_fused.c16v32, 2 workloads, 1.33x (1.19x .. 1.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
+#   13. total_seq_len <= 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 1091: triton_prefill_chunked.v64, 1 workloads, 2.18x (2.18x .. 2.18x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   14. total_seq_len <= 3465 and num_seqs <= 30 and 1091 < max_seq_len <= 3459: triton_prefill_chunked.v64, 5 workloads, 1.86x (1.70x .. 2.00x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 5792 and num_seqs <= 30 and 3459 < max_seq_len <= 5267: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 11585 and num_seqs <= 30 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   17. 11 < num_seqs <= 30 and 1023 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
+#   18. 30 < num_seqs <= 45 and mean_seq_len <= 154 and max_seq_len > 629: triton_prefill_chunked.v64, 2 workloads, 1.23x (1.22x .. 1.25x) over vllm_flashinfer_prefill
+#   19. 30 < num_seqs <= 90 and mean_seq_len <= 154 and 361 < max_seq_len <= 629: triton_prefill_fused.c16v32, 3 workloads, 1.41x (1.22x .. 1.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   20. num_seqs > 30 and 154 < mean_seq_len <= 362 and 361 < max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+#   21. num_seqs > 30 and 154 < mean_seq_len <= 362 and max_seq_len > 711: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   22. num_seqs > 30 and mean_seq_len > 362 and 361 < max_seq_len <= 2896: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   23. num_seqs > 30 and mean_seq_len > 362 and max_seq_len > 2896: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. num_seqs > 45 and mean_seq_len <= 154 and max_seq_len > 629: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. num_seqs > 90 and mean_seq_len <= 154 and 361 < max_seq_len <= 629: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. 362 < total_seq_len <= 533 and num_seqs > 30 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.00x (2.46x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   27. 362 < total_seq_len <= 533 and num_seqs > 30 and 21 < max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.91x (2.64x .. 3.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   28. 374 < total_seq_len <= 567 and num_seqs <= 30 and max_seq_len <= 144: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.84x (4.60x .. 5.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   29. 374 < total_seq_len <= 567 and num_seqs <= 30 and 144 < max_seq_len <= 1023: triton_prefill_fused.c16v32, 7 workloads, 2.72x (2.21x .. 3.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   30. 533 < total_seq_len <= 1448 and num_seqs > 30 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.68x (2.17x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   31. 533 < total_seq_len <= 1448 and num_seqs > 30 and 45 < max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 2 workloads, 1.99x (1.92x .. 2.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   32. total_seq_len > 567 and num_seqs <= 30 and max_seq_len <= 1023: triton_prefill_fused.c16v32, 22 workloads, 2.84x (1.75x .. 4.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   33. 724 < total_seq_len <= 11585 and num_seqs > 30 and 126 < max_seq_len <= 361: triton_prefill_fused.c16v64, 5 workloads, 1.50x (1.31x .. 1.67x) over vllm_flashinfer_prefill
+#   34. 1448 < total_seq_len <= 5792 and num_seqs > 30 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.92x (1.71x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   35. 1448 < total_seq_len <= 5792 and num_seqs > 30 and 49 < max_seq_len <= 126: triton_prefill_fused.c16v64, 2 workloads, 1.97x (1.73x .. 2.24x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   36. total_seq_len > 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   37. total_seq_len > 3465 and num_seqs <= 30 and 1091 < max_seq_len <= 3459: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.60x (1.44x .. 1.76x) over vllm_flashinfer_prefill
+#   38. 5792 < total_seq_len <= 11585 and num_seqs <= 30 and 3459 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 5792 and num_seqs > 30 and max_seq_len <= 126: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 11585 and num_seqs <= 30 and max_seq_len > 3459: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   41. total_seq_len > 11585 and 30 < num_seqs <= 181 and 126 < max_seq_len <= 361: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   42. total_seq_len > 11585 and num_seqs > 181 and 126 < max_seq_len <= 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -350,47 +356,48 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'num_seqs': (None, 11), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (9.75, 9.75, 9.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (9.8, 9.8, 9.8), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 45), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 8, 'speedup': (5.94, 8.18, 10.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 862), 'mean_seq_len': (None, 22), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 3, 'speedup': (4.29, 5.21, 5.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 862), 'mean_seq_len': (22, 45), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 4, 'speedup': (5.33, 7.03, 11.92), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 862), 'mean_seq_len': (45, None), 'num_seqs': (None, 21), 'total_seq_len': (None, 158)}, 'workloads': 2, 'speedup': (4.95, 5.33, 5.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.16, 2.37, 2.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (49, 126), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 449), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.26, 1.42, 1.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (449, 930), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (930, 1356), 'num_seqs': (21, 90), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1356, None), 'num_seqs': (21, 90), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.22, 1.26, 1.3), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.74, 2.16, 2.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (930, None), 'num_seqs': (90, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (862, 1091), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.87, 1.95, 2.21), 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, 1810), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.18, 1.55, 2.0), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1810, 4084), 'num_seqs': (None, 21)}, 'workloads': 5, 'speedup': (1.3, 1.58, 2.01), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4084, None), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (21, None)}, 'workloads': 15, 'speedup': (1.85, 3.12, 5.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 79), 'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 5, 'speedup': (5.03, 5.76, 6.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (79, 862), 'mean_seq_len': (None, 90), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 8, 'speedup': (2.18, 3.52, 5.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 158), 'mean_seq_len': (90, None), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 2, 'speedup': (4.63, 5.28, 6.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (158, 862), 'mean_seq_len': (90, None), 'num_seqs': (None, 21), 'total_seq_len': (158, 567)}, 'workloads': 7, 'speedup': (2.43, 3.54, 4.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (30, 126), 'mean_seq_len': (None, 5), 'num_seqs': (21, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (283, 862), 'num_seqs': (None, 21), 'total_seq_len': (567, 2896)}, 'workloads': 9, 'speedup': (1.96, 2.62, 3.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 283), 'num_seqs': (None, 10), 'total_seq_len': (567, None)}, 'workloads': 4, 'speedup': (3.22, 4.15, 4.89), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 283), 'num_seqs': (10, 21), 'total_seq_len': (567, None)}, 'workloads': 4, 'speedup': (3.22, 4.07, 4.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 126), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.66, 1.87, 2.25), 'fallbacks': ()},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 294), 'num_seqs': (21, None), 'total_seq_len': (1448, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (294, 930), 'num_seqs': (21, None), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (21, 79), 'total_seq_len': (2896, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 221), 'num_seqs': (79, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.16, 1.48, 1.9), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (283, 862), 'num_seqs': (None, 21), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 362), 'num_seqs': (21, 79), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.18, 1.33, 1.5), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 564), 'num_seqs': (21, 79), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (221, 362), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'num_seqs': (21, 79), 'total_seq_len': (4833, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 221), 'num_seqs': (79, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'num_seqs': (30, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (3.08, 3.21, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 22), 'num_seqs': (30, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.85, 2.85, 2.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 126), 'num_seqs': (30, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (2.01, 2.39, 2.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 1023), 'mean_seq_len': (None, 224), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 7, 'speedup': (3.3, 4.94, 7.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 1, 'speedup': (8.12, 8.12, 8.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (31, 1023), 'mean_seq_len': (224, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 1, 'speedup': (3.06, 3.06, 3.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 31), 'num_seqs': (None, 30), 'total_seq_len': (None, 374)}, 'workloads': 8, 'speedup': (5.91, 6.91, 8.08), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 30), 'total_seq_len': (None, 374)}, 'workloads': 2, 'speedup': (3.79, 5.34, 7.52), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 170), 'num_seqs': (2, 30), 'total_seq_len': (None, 374)}, 'workloads': 12, 'speedup': (4.43, 6.07, 7.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (170, 1023), 'num_seqs': (2, 30), 'total_seq_len': (None, 374)}, 'workloads': 2, 'speedup': (3.08, 3.35, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (126, 157), 'num_seqs': (30, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (157, 361), 'num_seqs': (30, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.19, 1.33, 1.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1023, 1091), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (2.18, 2.18, 2.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 14, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, 3459), 'num_seqs': (None, 30), 'total_seq_len': (None, 3465)}, 'workloads': 5, 'speedup': (1.7, 1.86, 2.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (3459, 5267), 'num_seqs': (None, 30), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (None, 30), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1023, 1091), 'num_seqs': (11, 30)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (629, None), 'mean_seq_len': (None, 154), 'num_seqs': (30, 45)}, 'workloads': 2, 'speedup': (1.22, 1.23, 1.25), 'fallbacks': ()},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (361, 629), 'mean_seq_len': (None, 154), 'num_seqs': (30, 90)}, 'workloads': 3, 'speedup': (1.22, 1.41, 1.67), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, 711), 'mean_seq_len': (154, 362), 'num_seqs': (30, None)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, None), 'mean_seq_len': (154, 362), 'num_seqs': (30, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, 2896), 'mean_seq_len': (362, None), 'num_seqs': (30, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2896, None), 'mean_seq_len': (362, None), 'num_seqs': (30, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (629, None), 'mean_seq_len': (None, 154), 'num_seqs': (45, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, 629), 'mean_seq_len': (None, 154), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (30, None), 'total_seq_len': (362, 533)}, 'workloads': 4, 'speedup': (2.46, 3.0, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 126), 'num_seqs': (30, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.64, 2.91, 3.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 144), 'num_seqs': (None, 30), 'total_seq_len': (374, 567)}, 'workloads': 3, 'speedup': (4.6, 4.84, 5.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (144, 1023), 'num_seqs': (None, 30), 'total_seq_len': (374, 567)}, 'workloads': 7, 'speedup': (2.21, 2.72, 3.54), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (30, None), 'total_seq_len': (533, 1448)}, 'workloads': 5, 'speedup': (2.17, 2.68, 3.12), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 126), 'num_seqs': (30, None), 'total_seq_len': (533, 1448)}, 'workloads': 2, 'speedup': (1.92, 1.99, 2.07), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 1023), 'num_seqs': (None, 30), 'total_seq_len': (567, None)}, 'workloads': 22, 'speedup': (1.75, 2.84, 4.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 361), 'num_seqs': (30, None), 'total_seq_len': (724, 11585)}, 'workloads': 5, 'speedup': (1.31, 1.5, 1.67), 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (30, None), 'total_seq_len': (1448, 5792)}, 'workloads': 3, 'speedup': (1.71, 1.92, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 126), 'num_seqs': (30, None), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.73, 1.97, 2.24), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1023, 1091), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1091, 3459), 'num_seqs': (None, 30), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.44, 1.6, 1.76), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3459, 5267), 'num_seqs': (None, 30), 'total_seq_len': (5792, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (30, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3459, None), 'num_seqs': (None, 30), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 361), 'num_seqs': (30, 181), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, 361), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -555,129 +562,126 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 9.75x (9.75x .. 9.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len <= 1 and max_seq_len <= 4:
+    # region 1: 3 workloads, 3.21x (3.08x .. 3.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 30 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 1 workloads, 2.85x (2.85x .. 2.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 30 and 9 < max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 3 workloads, 2.39x (2.01x .. 2.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 30 and 22 < max_seq_len <= 126:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 7 workloads, 4.94x (3.30x .. 7.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 2 and mean_seq_len <= 224 and 31 < max_seq_len <= 1023:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 1 workloads, 8.12x (8.12x .. 8.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 2 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 9.80x (9.80x .. 9.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 11 and mean_seq_len > 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 8 workloads, 8.18x (5.94x .. 10.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 4 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 3 workloads, 5.21x (4.29x .. 5.97x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 22 and 45 < max_seq_len <= 862:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 4 workloads, 7.03x (5.33x .. 11.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 21 and 22 < mean_seq_len <= 45 and 4 < max_seq_len <= 862:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 5.33x (4.95x .. 5.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len > 45 and 4 < max_seq_len <= 862:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and 11 < num_seqs <= 21 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 3 workloads, 2.37x (2.16x .. 2.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 3 workloads, 1.42x (1.26x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 21 and 126 < max_seq_len <= 449:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 21 and 449 < max_seq_len <= 930:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and 21 < num_seqs <= 90 and 930 < max_seq_len <= 1356:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, 1.26x (1.22x .. 1.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 21 < num_seqs <= 90 and max_seq_len > 1356:
-        return 'triton_prefill_chunked.v64'
-    # region 14: 3 workloads, 2.16x (1.74x .. 2.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 930:
+    # region 6: 1 workloads, 3.06x (3.06x .. 3.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 2 and mean_seq_len > 224 and 31 < max_seq_len <= 1023:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 8 workloads, 6.91x (5.91x .. 8.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 30 and 2 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 2 workloads, 5.34x (3.79x .. 7.52x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 2 < num_seqs <= 30 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 12 workloads, 6.07x (4.43x .. 7.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 2 < num_seqs <= 30 and 31 < max_seq_len <= 170:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 10: 2 workloads, 3.35x (3.08x .. 3.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 2 < num_seqs <= 30 and 170 < max_seq_len <= 1023:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 724 and num_seqs > 30 and 126 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 12: 2 workloads, 1.33x (1.19x .. 1.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 30 and 157 < max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 1 workloads, 2.18x (2.18x .. 2.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 1091:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
+    # region 14: 5 workloads, 1.86x (1.70x .. 2.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and num_seqs <= 30 and 1091 < max_seq_len <= 3459:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and num_seqs <= 30 and 3459 < max_seq_len <= 5267:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 16: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 11585 and num_seqs <= 30 and max_seq_len > 5267:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 6 workloads, 1.95x (1.87x .. 2.21x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 862 < max_seq_len <= 1091:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, 1.55x (1.18x .. 2.00x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 1091 < max_seq_len <= 1810:
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < num_seqs <= 30 and 1023 < max_seq_len <= 1091:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 2 workloads, 1.23x (1.22x .. 1.25x) over vllm_flashinfer_prefill
+    if 30 < num_seqs <= 45 and mean_seq_len <= 154 and max_seq_len > 629:
         return 'triton_prefill_chunked.v64'
-    # region 18: 5 workloads, 1.58x (1.30x .. 2.01x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 1810 < max_seq_len <= 4084:
+    # region 19: 3 workloads, 1.41x (1.22x .. 1.67x) over vllm_flashinfer_prefill
+    if 30 < num_seqs <= 90 and mean_seq_len <= 154 and 361 < max_seq_len <= 629:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+    if num_seqs > 30 and 154 < mean_seq_len <= 362 and 361 < max_seq_len <= 711:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 21 and max_seq_len > 4084:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 15 workloads, 3.12x (1.85x .. 5.52x) over vllm_flashinfer_prefill
-    if num_seqs > 21 and max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 5 workloads, 5.76x (5.03x .. 6.41x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and max_seq_len <= 79:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 22: 8 workloads, 3.52x (2.18x .. 5.39x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len <= 90 and 79 < max_seq_len <= 862:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 2 workloads, 5.28x (4.63x .. 6.02x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and max_seq_len <= 158:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 7 workloads, 3.54x (2.43x .. 4.87x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 567 and num_seqs <= 21 and mean_seq_len > 90 and 158 < max_seq_len <= 862:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 21 and mean_seq_len <= 5 and 30 < max_seq_len <= 126:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 26: 9 workloads, 2.62x (1.96x .. 3.42x) over vllm_flashinfer_prefill
-    if 567 < total_seq_len <= 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 4 workloads, 4.15x (3.22x .. 4.89x) over vllm_flashinfer_prefill
-    if total_seq_len > 567 and num_seqs <= 10 and max_seq_len <= 283:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 28: 4 workloads, 4.07x (3.22x .. 4.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 567 and 10 < num_seqs <= 21 and max_seq_len <= 283:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 4 workloads, 1.87x (1.66x .. 2.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5 and 49 < max_seq_len <= 126:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2896 and num_seqs > 21 and 126 < max_seq_len <= 294:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and num_seqs > 21 and 294 < max_seq_len <= 930:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 4833 and 21 < num_seqs <= 79 and max_seq_len > 564:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 2 workloads, 1.48x (1.16x .. 1.90x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 11585 and num_seqs > 79 and 126 < max_seq_len <= 221:
-        return 'triton_prefill_fused.c16v64'
-    # region 34: 1 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 21 and 283 < max_seq_len <= 862:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 2 workloads, 1.33x (1.18x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 21 < num_seqs <= 79 and 126 < max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 21 < num_seqs <= 79 and 362 < max_seq_len <= 564:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 5 and 30 < max_seq_len <= 49:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 79 and 221 < max_seq_len <= 362:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 79 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4833 and 21 < num_seqs <= 79 and max_seq_len > 564:
+    # region 21: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 30 and 154 < mean_seq_len <= 362 and max_seq_len > 711:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 11585 and num_seqs > 79 and 126 < max_seq_len <= 221:
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 30 and mean_seq_len > 362 and 361 < max_seq_len <= 2896:
         return 'vllm_flashinfer_prefill.cp_off'
+    # region 24: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 45 and mean_seq_len <= 154 and max_seq_len > 629:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 4 workloads, 3.00x (2.46x .. 3.45x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 30 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 2 workloads, 2.91x (2.64x .. 3.21x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 30 and 21 < max_seq_len <= 126:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 28: 3 workloads, 4.84x (4.60x .. 5.01x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 567 and num_seqs <= 30 and max_seq_len <= 144:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 29: 7 workloads, 2.72x (2.21x .. 3.54x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 567 and num_seqs <= 30 and 144 < max_seq_len <= 1023:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 30: 5 workloads, 2.68x (2.17x .. 3.12x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and num_seqs > 30 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 2 workloads, 1.99x (1.92x .. 2.07x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and num_seqs > 30 and 45 < max_seq_len <= 126:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 32: 22 workloads, 2.84x (1.75x .. 4.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 567 and num_seqs <= 30 and max_seq_len <= 1023:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 33: 5 workloads, 1.50x (1.31x .. 1.67x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 11585 and num_seqs > 30 and 126 < max_seq_len <= 361:
+        return 'triton_prefill_fused.c16v64'
+    # region 34: 3 workloads, 1.92x (1.71x .. 2.06x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and num_seqs > 30 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 2 workloads, 1.97x (1.73x .. 2.24x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and num_seqs > 30 and 49 < max_seq_len <= 126:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 36: 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 11 and 1023 < max_seq_len <= 1091:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 37: 4 workloads, 1.60x (1.44x .. 1.76x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 30 and 1091 < max_seq_len <= 3459:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if 5792 < total_seq_len <= 11585 and num_seqs <= 30 and 3459 < max_seq_len <= 5267:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 39: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs > 30 and max_seq_len <= 126:
+        return 'triton_prefill_fused.c16v64'
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 30 and max_seq_len > 3459:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 30 < num_seqs <= 181 and 126 < max_seq_len <= 361:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs > 181 and 126 < max_seq_len <= 361:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:32Z
+# measured    up to 2026-11-29T13:51:25Z
 # workloads   132 (workload-set digest aaf19f9483c4a210)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 11.19% mean, 198.05% max;
 #             1.144x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 21.85% mean, 142.28% max;
-#             1.492x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.61% mean, 102.89% max;
+#             1.644x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 50 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.96x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 76 and 6 < mean_seq_len <= 331: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
@@ -49,18 +49,20 @@
 #   9. total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   10. total_seq_len > 1205 and mean_seq_len > 331: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 72 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 118 and num_seqs <= 1 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 143 and 1 < num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k8c8, 7 workloads, 7.11x (4.64x .. 11.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 1704 and num_seqs <= 1 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.20x (1.78x .. 2.71x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 1704 and 1 < num_seqs <= 8 and mean_seq_len > 362: triton_prefill_chunked.v64, 4 workloads, 2.49x (1.75x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   6. num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 8 workloads, 2.27x (1.04x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   7. 72 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k8c8, 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. total_seq_len > 118 and num_seqs <= 1 and mean_seq_len <= 362: triton_prefill_fused.c16v64, 2 workloads, 3.47x (3.34x .. 3.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   9. total_seq_len > 143 and 1 < num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 22 workloads, 3.06x (1.54x .. 4.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 51 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. 1704 < total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.84x (1.33x .. 2.56x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 461 and 6 < mean_seq_len <= 107: cuda_prefill_pool_rows.k16c8, 20 workloads, 3.85x (1.49x .. 7.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 490 and 107 < mean_seq_len <= 164: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.30x (3.80x .. 5.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 557 and num_seqs <= 17 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 8 workloads, 4.80x (2.16x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 557 and num_seqs > 17 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.45x (1.26x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 1578 and 164 < mean_seq_len <= 602: triton_prefill_fused.c16v32, 9 workloads, 2.74x (1.86x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 1704 and mean_seq_len > 602: triton_prefill_chunked.v64, 2 workloads, 2.01x (1.88x .. 2.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   7. 461 < total_seq_len <= 557 and 6 < mean_seq_len <= 107: triton_prefill_fused.c16v64, 12 workloads, 2.02x (1.13x .. 4.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   8. 490 < total_seq_len <= 1704 and 107 < mean_seq_len <= 164: triton_prefill_fused.c16v32, 6 workloads, 3.26x (2.32x .. 4.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len > 557 and mean_seq_len <= 5: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.13x (1.09x .. 1.19x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 557 and 5 < mean_seq_len <= 107: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. 1704 < total_seq_len <= 2232 and num_seqs > 7 and mean_seq_len > 107: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.50x (1.16x .. 2.17x) over vllm_flashinfer_prefill
+#   12. 1704 < total_seq_len <= 5258 and num_seqs <= 7 and mean_seq_len > 107: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.69x (1.39x .. 2.21x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   13. total_seq_len > 2232 and num_seqs > 7 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. total_seq_len > 5258 and num_seqs <= 7 and mean_seq_len > 107: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -77,18 +79,20 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 72)}, 'workloads': 4, 'speedup': (2.22, 2.57, 3.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 1), 'total_seq_len': (None, 118)}, 'workloads': 6, 'speedup': (5.31, 6.4, 8.07), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (1, 8), 'total_seq_len': (None, 143)}, 'workloads': 7, 'speedup': (4.64, 7.11, 11.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.78, 2.2, 2.71), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (1, 8), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.75, 2.49, 3.51), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.04, 2.27, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (72, 399)}, 'workloads': 11, 'speedup': (1.16, 2.01, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 1), 'total_seq_len': (118, None)}, 'workloads': 2, 'speedup': (3.34, 3.47, 3.61), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (1, 8), 'total_seq_len': (143, None)}, 'workloads': 22, 'speedup': (1.54, 3.06, 4.79), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 51, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (1704, 5258)}, 'workloads': 5, 'speedup': (1.33, 1.84, 2.56), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (6, 107), 'total_seq_len': (None, 461)}, 'workloads': 20, 'speedup': (1.49, 3.85, 7.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (107, 164), 'total_seq_len': (None, 490)}, 'workloads': 4, 'speedup': (3.8, 4.3, 5.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 17), 'total_seq_len': (None, 557)}, 'workloads': 8, 'speedup': (2.16, 4.8, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (17, None), 'total_seq_len': (None, 557)}, 'workloads': 11, 'speedup': (1.26, 2.45, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (164, 602), 'total_seq_len': (None, 1578)}, 'workloads': 9, 'speedup': (1.86, 2.74, 3.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (602, None), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.88, 2.01, 2.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (6, 107), 'total_seq_len': (461, 557)}, 'workloads': 12, 'speedup': (1.13, 2.02, 4.36), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (107, 164), 'total_seq_len': (490, 1704)}, 'workloads': 6, 'speedup': (2.32, 3.26, 4.21), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.09, 1.13, 1.19), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, 107), 'total_seq_len': (557, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (107, None), 'num_seqs': (7, None), 'total_seq_len': (1704, 2232)}, 'workloads': 6, 'speedup': (1.16, 1.5, 2.17), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (107, None), 'num_seqs': (None, 7), 'total_seq_len': (1704, 5258)}, 'workloads': 5, 'speedup': (1.39, 1.69, 2.21), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'num_seqs': (7, None), 'total_seq_len': (2232, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (107, None), 'num_seqs': (None, 7), 'total_seq_len': (5258, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -133,41 +137,47 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 2.57x (2.22x .. 3.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs > 8 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 6.40x (5.31x .. 8.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 118 and num_seqs <= 1 and mean_seq_len <= 362:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 7 workloads, 7.11x (4.64x .. 11.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 143 and 1 < num_seqs <= 8 and mean_seq_len <= 362:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 2.20x (1.78x .. 2.71x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 1 and mean_seq_len > 362:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 4 workloads, 2.49x (1.75x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and 1 < num_seqs <= 8 and mean_seq_len > 362:
+    # region 1: 20 workloads, 3.85x (1.49x .. 7.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 461 and 6 < mean_seq_len <= 107:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 4.30x (3.80x .. 5.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 490 and 107 < mean_seq_len <= 164:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 8 workloads, 4.80x (2.16x .. 8.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs <= 17 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 11 workloads, 2.45x (1.26x .. 3.57x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs > 17 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 9 workloads, 2.74x (1.86x .. 3.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1578 and 164 < mean_seq_len <= 602:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 2 workloads, 2.01x (1.88x .. 2.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and mean_seq_len > 602:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 8 workloads, 2.27x (1.04x .. 3.87x) over vllm_flashinfer_prefill
-    if num_seqs > 8 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 11 workloads, 2.01x (1.16x .. 3.32x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 2 workloads, 3.47x (3.34x .. 3.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 118 and num_seqs <= 1 and mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 22 workloads, 3.06x (1.54x .. 4.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 143 and 1 < num_seqs <= 8 and mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 51 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 5 workloads, 1.84x (1.33x .. 2.56x) over vllm_flashinfer_prefill
-    if 1704 < total_seq_len <= 5258 and num_seqs <= 8 and mean_seq_len > 362:
+    # region 7: 12 workloads, 2.02x (1.13x .. 4.36x) over vllm_flashinfer_prefill
+    if 461 < total_seq_len <= 557 and 6 < mean_seq_len <= 107:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 6 workloads, 3.26x (2.32x .. 4.21x) over vllm_flashinfer_prefill
+    if 490 < total_seq_len <= 1704 and 107 < mean_seq_len <= 164:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 4 workloads, 1.13x (1.09x .. 1.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and mean_seq_len <= 5:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and num_seqs <= 8 and mean_seq_len > 362:
+    # region 10: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and 5 < mean_seq_len <= 107:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 6 workloads, 1.50x (1.16x .. 2.17x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2232 and num_seqs > 7 and mean_seq_len > 107:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 5 workloads, 1.69x (1.39x .. 2.21x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 5258 and num_seqs <= 7 and mean_seq_len > 107:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2232 and num_seqs > 7 and mean_seq_len > 107:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and num_seqs <= 7 and mean_seq_len > 107:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -179,8 +189,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.86% mean, 198.05% max;
 #             1.206x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.23% mean, 245.65% max;
-#             1.674x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.90% mean, 31.97% max;
+#             1.871x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
@@ -237,51 +247,43 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   53. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   54. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and num_seqs <= 8 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.21x (8.07x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs <= 8 and 26 < max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and num_seqs <= 8 and 42 < max_seq_len <= 832: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.92x (3.34x .. 5.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.96x (2.30x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and 16 < max_seq_len <= 59: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.84x (2.60x .. 3.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and 10 < max_seq_len <= 59: cuda_prefill_pool_rows.k8c8, 3 workloads, 2.40x (2.19x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340: triton_prefill_fused.c16v32, 2 workloads, 1.62x (1.46x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
-#   9. total_seq_len <= 1448 and num_seqs > 21 and mean_seq_len > 5 and 59 < max_seq_len <= 184: triton_prefill_fused.c16v64, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 2896 and num_seqs > 21 and max_seq_len > 1797: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 3399: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   12. total_seq_len <= 9101 and num_seqs <= 8 and 832 < max_seq_len <= 3399: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.81x (1.18x .. 2.90x) over vllm_flashinfer_prefill
-#   13. num_seqs <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.54x (5.31x .. 8.05x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. 2 < num_seqs <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   15. 8 < num_seqs <= 21 and 340 < max_seq_len <= 820: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   16. 8 < num_seqs <= 21 and 820 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.29x (1.23x .. 1.34x) over vllm_flashinfer_prefill
-#   17. 8 < num_seqs <= 21 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   18. 21 < num_seqs <= 181 and mean_seq_len <= 5 and 59 < max_seq_len <= 184: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.30x (2.30x .. 2.30x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   19. num_seqs > 21 and mean_seq_len <= 11 and 250 < max_seq_len <= 314: triton_prefill_fused.c16v64, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   20. num_seqs > 21 and mean_seq_len <= 11 and 314 < max_seq_len <= 1797: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   21. num_seqs > 21 and 184 < max_seq_len <= 250: triton_prefill_fused.c16v64, 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   22. num_seqs > 21 and mean_seq_len > 11 and 250 < max_seq_len <= 1797: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   23. num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.84x (1.30x .. 2.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   24. num_seqs > 90 and 11 < mean_seq_len <= 21 and max_seq_len <= 59: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   25. num_seqs > 90 and mean_seq_len > 21 and max_seq_len <= 59: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. num_seqs > 181 and mean_seq_len <= 5 and 59 < max_seq_len <= 184: vllm_flashinfer_prefill (baseline), 0 workloads
-#   27. total_seq_len > 45 and num_seqs <= 8 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k8c8, 2 workloads, 9.30x (7.61x .. 11.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   28. total_seq_len > 90 and num_seqs <= 8 and 26 < max_seq_len <= 42: cuda_prefill_pool_rows.k8c8, 1 workloads, 11.16x (11.16x .. 11.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   29. 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.20x (1.94x .. 2.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   30. 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and 14 < max_seq_len <= 59: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.81x (2.41x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   31. 181 < total_seq_len <= 657 and num_seqs <= 8 and 42 < max_seq_len <= 832: triton_prefill_fused.c16v32, 14 workloads, 3.68x (2.50x .. 4.79x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len <= 22 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.02x (1.33x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   33. total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len > 22 and max_seq_len <= 59: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.47x .. 1.77x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340: triton_prefill_fused.c16v64, 5 workloads, 1.47x (1.30x .. 1.86x) over vllm_flashinfer_prefill
-#   35. 657 < total_seq_len <= 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832: triton_prefill_fused.c16v32, 5 workloads, 2.82x (2.07x .. 3.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 657 and num_seqs <= 8 and 42 < max_seq_len <= 315: triton_prefill_fused.c16v64, 3 workloads, 3.62x (3.18x .. 4.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   37. 1448 < total_seq_len <= 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184: triton_prefill_fused.c16v64, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   38. 1448 < total_seq_len <= 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   39. total_seq_len > 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.17x (1.83x .. 2.56x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   40. total_seq_len > 1448 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 59 < max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   42. total_seq_len > 2896 and num_seqs > 21 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   43. 4840 < total_seq_len <= 9101 and num_seqs <= 8 and max_seq_len > 3399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   44. total_seq_len > 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   45. total_seq_len > 9101 and num_seqs <= 8 and max_seq_len > 832: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 36 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.96x (7.49x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 90 and 10 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.06x (3.59x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and 17 < max_seq_len <= 116: cuda_prefill_pool_rows.k16c8, 12 workloads, 4.44x (1.97x .. 7.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 362 and num_seqs <= 11 and 116 < max_seq_len <= 207: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.39x (3.80x .. 5.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 362 and num_seqs > 11 and 116 < max_seq_len <= 207: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 929 and num_seqs <= 90 and max_seq_len > 207: triton_prefill_fused.c16v32, 12 workloads, 2.44x (1.16x .. 3.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   8. total_seq_len <= 929 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.45x (2.25x .. 7.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len <= 929 and num_seqs > 90 and max_seq_len > 207: triton_prefill_fused.c16v64, 2 workloads, 1.34x (1.33x .. 1.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   10. 11 < total_seq_len <= 929 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.28x (3.01x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. 36 < total_seq_len <= 929 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.87x (2.35x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   12. 90 < total_seq_len <= 929 and 10 < max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.63x (2.29x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   13. 181 < total_seq_len <= 362 and 63 < max_seq_len <= 116: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.91x (3.47x .. 4.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   14. 181 < total_seq_len <= 929 and 17 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.29x (1.92x .. 3.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   15. 362 < total_seq_len <= 929 and num_seqs <= 11 and 63 < max_seq_len <= 207: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.92x (4.31x .. 5.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   16. 362 < total_seq_len <= 929 and num_seqs > 11 and 63 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 362 < total_seq_len <= 929 and num_seqs > 11 and 90 < max_seq_len <= 207: triton_prefill_fused.c16v64, 1 workloads, 2.02x (2.02x .. 2.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8
+#   18. 929 < total_seq_len <= 1448 and num_seqs > 9 and mean_seq_len <= 45 and 250 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   19. 929 < total_seq_len <= 1448 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len > 362: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.14x (1.09x .. 1.20x) over vllm_flashinfer_prefill
+#   20. 929 < total_seq_len <= 1704 and num_seqs <= 9: triton_prefill_fused.c16v32, 11 workloads, 2.54x (1.64x .. 3.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   21. 929 < total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 22 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.99x (1.69x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   22. 929 < total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 22 and max_seq_len <= 59: triton_prefill_fused.c16v64, 2 workloads, 1.71x (1.49x .. 1.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. 929 < total_seq_len <= 5792 and num_seqs > 9 and 59 < max_seq_len <= 138: triton_prefill_fused.c16v64, 3 workloads, 1.66x (1.61x .. 1.72x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   24. 929 < total_seq_len <= 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len > 532: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.18x (1.12x .. 1.22x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 929 and num_seqs > 9 and 138 < max_seq_len <= 250: triton_prefill_fused.c16v64, 6 workloads, 1.65x (1.34x .. 1.97x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 929 and num_seqs > 9 and 45 < mean_seq_len <= 460 and 250 < max_seq_len <= 532: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.13x (1.12x .. 1.13x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 460 and 250 < max_seq_len <= 532: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   28. total_seq_len > 1448 and 9 < num_seqs <= 90 and mean_seq_len <= 45 and max_seq_len > 250: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   29. total_seq_len > 1448 and num_seqs > 90 and mean_seq_len <= 45 and max_seq_len > 250: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
+#   30. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len <= 889: triton_prefill_fused.c16v32, 3 workloads, 2.68x (2.45x .. 2.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   31. 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 889: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.65x (1.52x .. 1.79x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   32. 2862 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.57x (1.39x .. 2.03x) over vllm_flashinfer_prefill
+#   33. 2862 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   34. total_seq_len > 2896 and num_seqs > 9 and max_seq_len <= 59: triton_prefill_fused.c16v64, 2 workloads, 1.32x (1.24x .. 1.40x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 5792 and num_seqs > 9 and 59 < max_seq_len <= 138: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   36. total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len > 532: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   37. total_seq_len > 9101 and num_seqs <= 9: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
@@ -341,51 +343,43 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (None, 8), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (8.07, 8.21, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (26, 42), 'num_seqs': (None, 8), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.26, 6.26, 6.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (42, 832), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (3.34, 4.92, 5.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (2.3, 2.96, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 59), 'mean_seq_len': (None, 2), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (2, None), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.6, 2.84, 3.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 59), 'mean_seq_len': (2, None), 'num_seqs': (8, 90), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.19, 2.4, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (59, 340), 'num_seqs': (8, 21), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.46, 1.62, 1.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (832, 3399), 'num_seqs': (None, 8), 'total_seq_len': (None, 9101)}, 'workloads': 13, 'speedup': (1.18, 1.81, 2.9), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (5.31, 6.54, 8.05), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (2, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (340, 820), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (820, 1455), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.23, 1.29, 1.34), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (None, 5), 'num_seqs': (21, 181)}, 'workloads': 1, 'speedup': (2.3, 2.3, 2.3), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (250, 314), 'mean_seq_len': (None, 11), 'num_seqs': (21, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (314, 1797), 'mean_seq_len': (None, 11), 'num_seqs': (21, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (184, 250), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.28, 1.31, 1.34), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, 1797), 'mean_seq_len': (11, None), 'num_seqs': (21, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (None, 11), 'num_seqs': (90, None)}, 'workloads': 6, 'speedup': (1.3, 1.84, 2.14), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (11, 21), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (21, None), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (None, 8), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (7.61, 9.3, 11.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (26, 42), 'num_seqs': (None, 8), 'total_seq_len': (90, None)}, 'workloads': 1, 'speedup': (11.16, 11.16, 11.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'num_seqs': (8, 90), 'total_seq_len': (181, 295)}, 'workloads': 3, 'speedup': (1.94, 2.2, 2.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 59), 'num_seqs': (8, 90), 'total_seq_len': (181, 295)}, 'workloads': 2, 'speedup': (2.41, 2.81, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (42, 832), 'num_seqs': (None, 8), 'total_seq_len': (181, 657)}, 'workloads': 14, 'speedup': (2.5, 3.68, 4.79), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (None, 22), 'num_seqs': (8, 90), 'total_seq_len': (295, None)}, 'workloads': 7, 'speedup': (1.33, 2.02, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (22, None), 'num_seqs': (8, 90), 'total_seq_len': (295, None)}, 'workloads': 3, 'speedup': (1.47, 1.66, 1.77), 'fallbacks': ()},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 340), 'num_seqs': (8, 21), 'total_seq_len': (362, None)}, 'workloads': 5, 'speedup': (1.3, 1.47, 1.86), 'fallbacks': ()},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 832), 'num_seqs': (None, 8), 'total_seq_len': (657, 1448)}, 'workloads': 5, 'speedup': (2.07, 2.82, 3.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (42, 315), 'num_seqs': (None, 8), 'total_seq_len': (657, None)}, 'workloads': 3, 'speedup': (3.18, 3.62, 4.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 184), 'mean_seq_len': (5, None), 'num_seqs': (21, 90), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (315, 832), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.83, 2.17, 2.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 90), 'mean_seq_len': (5, None), 'num_seqs': (21, 90), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, 184), 'mean_seq_len': (5, None), 'num_seqs': (21, 90), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3399, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, 184), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (832, None), 'num_seqs': (None, 8), 'total_seq_len': (9101, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 11)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (7.49, 7.96, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 17), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (3.59, 5.06, 7.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (17, 116), 'total_seq_len': (None, 181)}, 'workloads': 12, 'speedup': (1.97, 4.44, 7.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (116, 207), 'num_seqs': (None, 11), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (3.8, 4.39, 5.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (116, 207), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.0, 2.0, 2.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (207, None), 'num_seqs': (None, 90), 'total_seq_len': (None, 929)}, 'workloads': 12, 'speedup': (1.16, 2.44, 3.88), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 929)}, 'workloads': 4, 'speedup': (2.25, 3.45, 7.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (207, None), 'num_seqs': (90, None), 'total_seq_len': (None, 929)}, 'workloads': 2, 'speedup': (1.33, 1.34, 1.34), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (11, 929)}, 'workloads': 2, 'speedup': (3.01, 3.28, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 10), 'total_seq_len': (36, 929)}, 'workloads': 7, 'speedup': (2.35, 2.87, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 17), 'total_seq_len': (90, 929)}, 'workloads': 4, 'speedup': (2.29, 2.63, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 116), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (3.47, 3.91, 4.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 63), 'total_seq_len': (181, 929)}, 'workloads': 4, 'speedup': (1.92, 2.29, 3.07), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 207), 'num_seqs': (None, 11), 'total_seq_len': (362, 929)}, 'workloads': 3, 'speedup': (4.31, 4.92, 5.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 90), 'num_seqs': (11, None), 'total_seq_len': (362, 929)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (90, 207), 'num_seqs': (11, None), 'total_seq_len': (362, 929)}, 'workloads': 1, 'speedup': (2.02, 2.02, 2.02), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (250, 362), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (929, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (929, 1448)}, 'workloads': 3, 'speedup': (1.09, 1.14, 1.2), 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (929, 1704)}, 'workloads': 11, 'speedup': (1.64, 2.54, 3.53), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (None, 22), 'num_seqs': (9, None), 'total_seq_len': (929, 2896)}, 'workloads': 6, 'speedup': (1.69, 1.99, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (22, None), 'num_seqs': (9, None), 'total_seq_len': (929, 2896)}, 'workloads': 2, 'speedup': (1.49, 1.71, 1.97), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 138), 'num_seqs': (9, None), 'total_seq_len': (929, 5792)}, 'workloads': 3, 'speedup': (1.61, 1.66, 1.72), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (929, 5792)}, 'workloads': 4, 'speedup': (1.12, 1.18, 1.22), 'fallbacks': ()},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (138, 250), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 6, 'speedup': (1.34, 1.65, 1.97), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (250, 532), 'mean_seq_len': (45, 460), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, 532), 'mean_seq_len': (460, None), 'num_seqs': (9, None), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, None), 'mean_seq_len': (None, 45), 'num_seqs': (9, 90), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (250, None), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ()},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 889), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 3, 'speedup': (2.45, 2.68, 2.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (889, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 2862)}, 'workloads': 3, 'speedup': (1.52, 1.65, 1.79), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4528), 'num_seqs': (None, 9), 'total_seq_len': (2862, 9101)}, 'workloads': 5, 'speedup': (1.39, 1.57, 2.03), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (None, 9), 'total_seq_len': (2862, 9101)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 59), 'num_seqs': (9, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.24, 1.32, 1.4), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (59, 138), 'num_seqs': (9, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (5792, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (9101, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -556,137 +550,116 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 8.21x (8.07x .. 8.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 8 and 4 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 8 and 26 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 4.92x (3.34x .. 5.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and 42 < max_seq_len <= 832:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 2.96x (2.30x .. 3.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len <= 2 and 16 < max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 3 workloads, 2.84x (2.60x .. 3.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 3 workloads, 2.40x (2.19x .. 2.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 90 and mean_seq_len > 2 and 10 < max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 2 workloads, 1.62x (1.46x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 21 and mean_seq_len > 5 and 59 < max_seq_len <= 184:
-        return 'triton_prefill_fused.c16v64'
-    # region 10: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 21 and max_seq_len > 1797:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 3399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 13 workloads, 1.81x (1.18x .. 2.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 9101 and num_seqs <= 8 and 832 < max_seq_len <= 3399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, 6.54x (5.31x .. 8.05x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 2 < num_seqs <= 8 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 8 < num_seqs <= 21 and 340 < max_seq_len <= 820:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 2 workloads, 1.29x (1.23x .. 1.34x) over vllm_flashinfer_prefill
-    if 8 < num_seqs <= 21 and 820 < max_seq_len <= 1455:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 8 < num_seqs <= 21 and max_seq_len > 1455:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 1 workloads, 2.30x (2.30x .. 2.30x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 181 and mean_seq_len <= 5 and 59 < max_seq_len <= 184:
+    # region 1: 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 7.96x (7.49x .. 8.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 2 workloads, 5.06x (3.59x .. 7.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 10 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 12 workloads, 4.44x (1.97x .. 7.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 17 < max_seq_len <= 116:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 3 workloads, 4.39x (3.80x .. 5.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 11 and 116 < max_seq_len <= 207:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 11 and 116 < max_seq_len <= 207:
         return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 19: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 21 and mean_seq_len <= 11 and 250 < max_seq_len <= 314:
-        return 'triton_prefill_fused.c16v64'
-    # region 20: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len <= 11 and 314 < max_seq_len <= 1797:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 2 workloads, 1.31x (1.28x .. 1.34x) over vllm_flashinfer_prefill
-    if num_seqs > 21 and 184 < max_seq_len <= 250:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 11 and 250 < max_seq_len <= 1797:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 6 workloads, 1.84x (1.30x .. 2.14x) over vllm_flashinfer_prefill
-    if num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 90 and 11 < mean_seq_len <= 21 and max_seq_len <= 59:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 90 and mean_seq_len > 21 and max_seq_len <= 59:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, 9.30x (7.61x .. 11.37x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 8 and 4 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 28: 1 workloads, 11.16x (11.16x .. 11.16x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 8 and 26 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 29: 3 workloads, 2.20x (1.94x .. 2.66x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and max_seq_len <= 14:
+    # region 7: 12 workloads, 2.44x (1.16x .. 3.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs <= 90 and max_seq_len > 207:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 4 workloads, 3.45x (2.25x .. 7.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 2 workloads, 2.81x (2.41x .. 3.28x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 295 and 8 < num_seqs <= 90 and 14 < max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 31: 14 workloads, 3.68x (2.50x .. 4.79x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 657 and num_seqs <= 8 and 42 < max_seq_len <= 832:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 7 workloads, 2.02x (1.33x .. 2.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len <= 22 and max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 3 workloads, 1.66x (1.47x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 295 and 8 < num_seqs <= 90 and mean_seq_len > 22 and max_seq_len <= 59:
+    # region 9: 2 workloads, 1.34x (1.33x .. 1.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs > 90 and max_seq_len > 207:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 2 workloads, 3.28x (3.01x .. 3.57x) over vllm_flashinfer_prefill
+    if 11 < total_seq_len <= 929 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 7 workloads, 2.87x (2.35x .. 3.46x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 929 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 4 workloads, 2.63x (2.29x .. 3.25x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 929 and 10 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 2 workloads, 3.91x (3.47x .. 4.41x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and 63 < max_seq_len <= 116:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 14: 4 workloads, 2.29x (1.92x .. 3.07x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and 17 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 3 workloads, 4.92x (4.31x .. 5.75x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 929 and num_seqs <= 11 and 63 < max_seq_len <= 207:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 929 and num_seqs > 11 and 63 < max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 1 workloads, 2.02x (2.02x .. 2.02x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 929 and num_seqs > 11 and 90 < max_seq_len <= 207:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 929 < total_seq_len <= 1448 and num_seqs > 9 and mean_seq_len <= 45 and 250 < max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 3 workloads, 1.14x (1.09x .. 1.20x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 1448 and num_seqs > 9 and mean_seq_len <= 45 and max_seq_len > 362:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 11 workloads, 2.54x (1.64x .. 3.53x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 1704 and num_seqs <= 9:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 21: 6 workloads, 1.99x (1.69x .. 2.44x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len <= 22 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 2 workloads, 1.71x (1.49x .. 1.97x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 2896 and num_seqs > 9 and mean_seq_len > 22 and max_seq_len <= 59:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 23: 3 workloads, 1.66x (1.61x .. 1.72x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 5792 and num_seqs > 9 and 59 < max_seq_len <= 138:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 4 workloads, 1.18x (1.12x .. 1.22x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len > 532:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 6 workloads, 1.65x (1.34x .. 1.97x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 9 and 138 < max_seq_len <= 250:
         return 'triton_prefill_fused.c16v64'
-    # region 34: 5 workloads, 1.47x (1.30x .. 1.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 8 < num_seqs <= 21 and 59 < max_seq_len <= 340:
-        return 'triton_prefill_fused.c16v64'
-    # region 35: 5 workloads, 2.82x (2.07x .. 3.78x) over vllm_flashinfer_prefill
-    if 657 < total_seq_len <= 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 36: 3 workloads, 3.62x (3.18x .. 4.00x) over vllm_flashinfer_prefill
-    if total_seq_len > 657 and num_seqs <= 8 and 42 < max_seq_len <= 315:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 37: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184:
-        return 'triton_prefill_fused.c16v64'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184:
-        return 'triton_prefill_fused.c16v64'
-    # region 39: 2 workloads, 2.17x (1.83x .. 2.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 8 and 315 < max_seq_len <= 832:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 59 < max_seq_len <= 90:
-        return 'triton_prefill_fused.c16v64'
-    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 21 and max_seq_len > 1797:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 4840 < total_seq_len <= 9101 and num_seqs <= 8 and max_seq_len > 3399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184:
+    # region 26: 2 workloads, 1.13x (1.12x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 9 and 45 < mean_seq_len <= 460 and 250 < max_seq_len <= 532:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and num_seqs > 9 and mean_seq_len > 460 and 250 < max_seq_len <= 532:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9101 and num_seqs <= 8 and max_seq_len > 832:
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 9 < num_seqs <= 90 and mean_seq_len <= 45 and max_seq_len > 250:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 90 and mean_seq_len <= 45 and max_seq_len > 250:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 3 workloads, 2.68x (2.45x .. 2.91x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len <= 889:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 31: 3 workloads, 1.65x (1.52x .. 1.79x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2862 and num_seqs <= 9 and max_seq_len > 889:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 32: 5 workloads, 1.57x (1.39x .. 2.03x) over vllm_flashinfer_prefill
+    if 2862 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len <= 4528:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 2862 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 4528:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 2 workloads, 1.32x (1.24x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 9 and max_seq_len <= 59:
+        return 'triton_prefill_fused.c16v64'
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 9 and 59 < max_seq_len <= 138:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 9 and mean_seq_len > 45 and max_seq_len > 532:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9101 and num_seqs <= 9:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -700,18 +673,5 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 47
         return True
     if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 53
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs > 21 and mean_seq_len <= 11 and 250 < max_seq_len <= 314:  # region 19
-        return True
-    if 1448 < total_seq_len <= 2896 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 90 < max_seq_len <= 184:  # region 37
-        return True
-    if 1448 < total_seq_len <= 5792 and num_seqs > 90 and mean_seq_len > 5 and 59 < max_seq_len <= 184:  # region 38
-        return True
-    if total_seq_len > 1448 and 21 < num_seqs <= 90 and mean_seq_len > 5 and 59 < max_seq_len <= 90:  # region 40
         return True
     return False

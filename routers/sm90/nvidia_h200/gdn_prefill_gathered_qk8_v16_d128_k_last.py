@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T15:24:47Z
+# measured    up to 2026-11-29T13:51:57Z
 # workloads   132 (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 9.50% mean, 223.11% max;
 #             1.085x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.46% mean, 221.81% max;
-#             1.371x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.15% mean, 134.39% max;
+#             1.362x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 59 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 5.45x (4.73x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 71 and 1 < num_seqs <= 4: triton_prefill_fused.c16v32, 6 workloads, 5.06x (3.88x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -49,21 +49,18 @@
 #   9. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 #   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 11 workloads, 6.56x (3.43x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 181 and num_seqs <= 4 and 41 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 2 workloads, 7.20x (5.11x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 280 and num_seqs > 4 and 2 < mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   6. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill.cp_off, 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   7. total_seq_len > 181 and num_seqs <= 4 and mean_seq_len <= 186: triton_prefill_fused.c16v64, 9 workloads, 3.48x (2.52x .. 6.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   8. total_seq_len > 181 and num_seqs <= 4 and 186 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 5 workloads, 3.19x (1.93x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3: triton_prefill_fused.c16v32, 6 workloads, 1.40x (1.16x .. 2.02x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v64, 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   12. total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   13. total_seq_len > 724 and 14 < num_seqs <= 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   15. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 181 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.03x (3.80x .. 8.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and 2 < num_seqs <= 7: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.83x (3.58x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 238 and num_seqs > 7: cuda_prefill_pool_rows.k2c8, 13 workloads, 2.62x (1.54x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. 181 < total_seq_len <= 1347 and num_seqs <= 5 and mean_seq_len <= 788: triton_prefill_fused.c16v32, 18 workloads, 2.89x (1.64x .. 4.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. 181 < total_seq_len <= 1347 and num_seqs <= 7 and mean_seq_len > 788: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.80x (1.79x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. 238 < total_seq_len <= 724 and num_seqs > 7 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.92x (1.21x .. 2.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   7. 238 < total_seq_len <= 771 and num_seqs > 7 and mean_seq_len > 7: triton_prefill_fused.c16v64, 16 workloads, 1.51x (1.10x .. 2.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   8. 771 < total_seq_len <= 1233 and num_seqs > 7: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len > 1233 and num_seqs > 7 and mean_seq_len <= 26: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.09x (1.07x .. 1.11x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 1233 and num_seqs > 7 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 31 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   11. 1347 < total_seq_len <= 4876 and num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.67x (1.50x .. 2.14x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   12. total_seq_len > 4876 and num_seqs <= 7: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -80,21 +77,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 41), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (3.43, 6.56, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (41, 462), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (5.11, 7.2, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 8, 'speedup': (2.01, 2.72, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.1, 2.11, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.55, 1.85, 2.35), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 11, 'speedup': (1.32, 2.06, 3.81), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 186), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 9, 'speedup': (2.52, 3.48, 6.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (186, 462), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.93, 3.19, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, 34), 'total_seq_len': (280, 724)}, 'workloads': 6, 'speedup': (1.16, 1.4, 2.02), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 4, 'speedup': (1.23, 1.73, 2.32), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.27, 1.82, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (34, None), 'total_seq_len': (280, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, 34), 'total_seq_len': (724, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (3.8, 6.03, 8.24), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 7), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (3.58, 4.83, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (7, None), 'total_seq_len': (None, 238)}, 'workloads': 13, 'speedup': (1.54, 2.62, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 788), 'num_seqs': (None, 5), 'total_seq_len': (181, 1347)}, 'workloads': 18, 'speedup': (1.64, 2.89, 4.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (788, None), 'num_seqs': (None, 7), 'total_seq_len': (181, 1347)}, 'workloads': 2, 'speedup': (1.79, 1.8, 1.81), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (7, None), 'total_seq_len': (238, 724)}, 'workloads': 7, 'speedup': (1.21, 1.92, 2.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (7, None), 'total_seq_len': (238, 771)}, 'workloads': 16, 'speedup': (1.1, 1.51, 2.04), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (7, None), 'total_seq_len': (771, 1233)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (7, None), 'total_seq_len': (1233, None)}, 'workloads': 5, 'speedup': (1.07, 1.09, 1.11), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (7, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1347, 4876)}, 'workloads': 5, 'speedup': (1.5, 1.67, 2.14), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (4876, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -139,59 +133,43 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 6.56x (3.43x .. 11.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 7.20x (5.11x .. 10.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 4 and 41 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 8 workloads, 2.72x (2.01x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 2.11x (1.10x .. 3.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and 2 < mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 6 workloads, 1.85x (1.55x .. 2.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 11 workloads, 2.06x (1.32x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 462:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 9 workloads, 3.48x (2.52x .. 6.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 4 and mean_seq_len <= 186:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 5 workloads, 3.19x (1.93x .. 4.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 4 and 186 < mean_seq_len <= 462:
+    # region 1: 6 workloads, 6.03x (3.80x .. 8.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 8 workloads, 4.83x (3.58x .. 6.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < num_seqs <= 7:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 13 workloads, 2.62x (1.54x .. 3.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 7:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 18 workloads, 2.89x (1.64x .. 4.15x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1347 and num_seqs <= 5 and mean_seq_len <= 788:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 6 workloads, 1.40x (1.16x .. 2.02x) over vllm_flashinfer_prefill's guarded call
-    if 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 4 workloads, 1.73x (1.23x .. 2.32x) over vllm_flashinfer_prefill
-    if 280 < total_seq_len <= 771 and 4 < num_seqs <= 14:
-        return 'triton_prefill_fused.c16v64'
-    # region 11: 4 workloads, 1.82x (1.27x .. 2.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3:
+    # region 5: 2 workloads, 1.80x (1.79x .. 1.81x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1347 and num_seqs <= 7 and mean_seq_len > 788:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 7 workloads, 1.92x (1.21x .. 2.72x) over vllm_flashinfer_prefill
+    if 238 < total_seq_len <= 724 and num_seqs > 7 and mean_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 280 and num_seqs > 34 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 19 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:
+    # region 7: 16 workloads, 1.51x (1.10x .. 2.04x) over vllm_flashinfer_prefill
+    if 238 < total_seq_len <= 771 and num_seqs > 7 and mean_seq_len > 7:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if 771 < total_seq_len <= 1233 and num_seqs > 7:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 5 workloads, 1.09x (1.07x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 1233 and num_seqs > 7 and mean_seq_len <= 26:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 31 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1233 and num_seqs > 7 and mean_seq_len > 26:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 771 and 4 < num_seqs <= 14:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 462:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 5 workloads, 1.67x (1.50x .. 2.14x) over vllm_flashinfer_prefill
+    if 1347 < total_seq_len <= 4876 and num_seqs <= 5:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4876 and num_seqs <= 7:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 280 < total_seq_len <= 724 and 14 < num_seqs <= 34 and mean_seq_len > 3:  # region 9
-        return True
-    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -201,8 +179,8 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.70% mean, 41.30% max;
 #             1.165x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.11% mean, 34.83% max;
-#             1.550x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.37% mean, 36.18% max;
+#             1.545x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -254,46 +232,41 @@ def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   48. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   49. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and num_seqs <= 1 and max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 2 workloads, 9.57x (8.68x .. 10.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 168 and 1 < num_seqs <= 5 and max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.55x (4.17x .. 11.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.97x (2.32x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and 6 < max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.75x (2.24x .. 3.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.44x (3.44x .. 3.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and 21 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.31x (2.31x .. 2.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 326 and num_seqs <= 4 and 150 < max_seq_len <= 511: triton_prefill_fused.c16v32, 5 workloads, 3.51x (3.06x .. 4.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 362 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244: triton_prefill_fused.c16v32, 2 workloads, 1.58x (1.55x .. 1.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   9. total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 244: triton_prefill_fused.c16v32, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len > 45 and max_seq_len > 244: triton_prefill_fused.c16v64, 2 workloads, 1.69x (1.23x .. 2.32x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 771 and num_seqs > 22 and mean_seq_len <= 2 and max_seq_len > 104: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   12. total_seq_len <= 771 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 104: triton_prefill_fused.c16v64, 3 workloads, 1.28x (1.17x .. 1.34x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 1905 and num_seqs <= 4 and 511 < max_seq_len <= 686: triton_prefill_fused.c16v32, 3 workloads, 2.44x (2.33x .. 2.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. total_seq_len <= 1905 and num_seqs <= 4 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.01x (1.32x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   15. num_seqs <= 1 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 5.11x (5.11x .. 5.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   16. 1 < num_seqs <= 4 and mean_seq_len <= 90 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v32, 1 workloads, 3.87x (3.87x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. 1 < num_seqs <= 4 and mean_seq_len > 90 and 104 < max_seq_len <= 150: triton_prefill_fused.c16v64, 2 workloads, 3.83x (3.58x .. 4.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   18. 45 < total_seq_len <= 168 and num_seqs <= 1 and max_seq_len <= 104: triton_prefill_fused.c16v32, 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   19. 168 < total_seq_len <= 362 and num_seqs <= 22 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.26x (2.20x .. 2.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   20. 168 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 104: triton_prefill_fused.c16v64, 1 workloads, 6.11x (6.11x .. 6.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   21. 168 < total_seq_len <= 724 and num_seqs > 22 and max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.92x (1.39x .. 2.68x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   22. total_seq_len > 326 and num_seqs <= 4 and 150 < max_seq_len <= 378: triton_prefill_fused.c16v64, 3 workloads, 3.86x (3.69x .. 4.11x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 326 and num_seqs <= 4 and 378 < max_seq_len <= 511: triton_prefill_fused.c16v32, 2 workloads, 2.51x (2.41x .. 2.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   24. 362 < total_seq_len <= 724 and num_seqs <= 22 and max_seq_len <= 104: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.70x .. 2.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   25. 362 < total_seq_len <= 771 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244: triton_prefill_fused.c16v64, 2 workloads, 1.61x (1.52x .. 1.71x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   26. 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   27. 724 < total_seq_len <= 2896 and mean_seq_len > 11 and max_seq_len <= 104: triton_prefill_fused.c16v64, 7 workloads, 1.38x (1.18x .. 1.55x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 724 and mean_seq_len <= 11 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.46x (1.27x .. 1.68x) over vllm_flashinfer_prefill
-#   29. 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. 771 < total_seq_len <= 1233 and num_seqs > 11 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   31. total_seq_len > 771 and 4 < num_seqs <= 11 and 104 < max_seq_len <= 563: triton_prefill_fused.c16v64, 2 workloads, 1.34x (1.25x .. 1.44x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 771 and 4 < num_seqs <= 11 and 563 < max_seq_len <= 1020: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 771 and 4 < num_seqs <= 11 and 1020 < max_seq_len <= 2383: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 771 and 4 < num_seqs <= 11 and max_seq_len > 2383: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   35. total_seq_len > 1233 and num_seqs > 11 and max_seq_len > 104: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 1905 and num_seqs <= 4 and 511 < max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.65x (1.18x .. 2.40x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 1905 and num_seqs <= 4 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   39. total_seq_len > 2896 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 104: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   40. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 104: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 22 and num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.76x (7.76x .. 7.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 44 and num_seqs <= 8 and 8 < max_seq_len <= 61: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.10x (5.75x .. 6.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.20x (2.76x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 61: cuda_prefill_pool_rows.k16c8, 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 181 and num_seqs <= 4 and 61 < max_seq_len <= 896: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.64x (3.73x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 1448 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.24x (8.24x .. 8.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1448 and 2 < num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.56x (3.56x .. 3.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len <= 1448 and num_seqs > 4 and 191 < max_seq_len <= 449: triton_prefill_fused.c16v64, 6 workloads, 1.29x (1.11x .. 1.45x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 2896 and num_seqs > 4 and 449 < max_seq_len <= 563: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.17x (1.16x .. 1.18x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 2896 and num_seqs > 4 and max_seq_len > 563: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   12. total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len <= 2 and 61 < max_seq_len <= 191: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 3277 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 61 < max_seq_len <= 191: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.66x (1.51x .. 1.81x) over vllm_flashinfer_prefill
+#   15. num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   16. 2 < num_seqs <= 4 and 896 < max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.56x (1.25x .. 1.76x) over vllm_flashinfer_prefill
+#   17. 2 < num_seqs <= 4 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   18. 22 < total_seq_len <= 1448 and num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   19. 44 < total_seq_len <= 1448 and num_seqs <= 8 and 8 < max_seq_len <= 61: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.04x (4.53x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. 78 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 22 workloads, 2.10x (1.27x .. 3.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   21. 181 < total_seq_len <= 724 and num_seqs <= 4 and 61 < max_seq_len <= 896: triton_prefill_fused.c16v32, 12 workloads, 3.09x (2.13x .. 4.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   22. 181 < total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191: triton_prefill_fused.c16v64, 12 workloads, 1.50x (1.20x .. 1.88x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 724 and num_seqs <= 2 and 61 < max_seq_len <= 896: triton_prefill_fused.c16v32, 3 workloads, 2.63x (2.27x .. 3.03x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   24. total_seq_len > 724 and 2 < num_seqs <= 4 and 61 < max_seq_len <= 896: triton_prefill_fused.c16v64, 3 workloads, 2.69x (2.10x .. 3.30x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   25. 1448 < total_seq_len <= 2896 and num_seqs > 4 and 191 < max_seq_len <= 449: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   26. total_seq_len > 1448 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 61: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 1448 and mean_seq_len <= 11 and max_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.45x (1.40x .. 1.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 61: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. 2896 < total_seq_len <= 5404 and num_seqs > 4 and max_seq_len > 191: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   30. 3277 < total_seq_len <= 5792 and num_seqs > 4 and 61 < max_seq_len <= 191: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   31. 5404 < total_seq_len <= 12699 and num_seqs > 4 and max_seq_len > 191: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 5792 and num_seqs > 4 and mean_seq_len <= 90 and 61 < max_seq_len <= 191: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 90 and 61 < max_seq_len <= 191: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   34. total_seq_len > 12699 and num_seqs > 4 and 191 < max_seq_len <= 6380: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 12699 and num_seqs > 4 and max_seq_len > 6380: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -348,46 +321,41 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 1), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (8.68, 9.57, 10.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (1, 5), 'total_seq_len': (None, 168)}, 'workloads': 8, 'speedup': (4.17, 6.55, 11.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (2.32, 2.97, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 104), 'mean_seq_len': (None, 5), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 4, 'speedup': (2.24, 2.75, 3.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (3.44, 3.44, 3.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 104), 'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (2.31, 2.31, 2.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (150, 511), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 5, 'speedup': (3.06, 3.51, 4.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 244), 'num_seqs': (4, 22), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.55, 1.58, 1.6), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (244, None), 'mean_seq_len': (None, 45), 'num_seqs': (4, 22), 'total_seq_len': (None, 771)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (244, None), 'mean_seq_len': (45, None), 'num_seqs': (4, 22), 'total_seq_len': (None, 771)}, 'workloads': 2, 'speedup': (1.23, 1.69, 2.32), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (None, 2), 'num_seqs': (22, None), 'total_seq_len': (None, 771)}, 'workloads': 1, 'speedup': (1.27, 1.27, 1.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (2, None), 'num_seqs': (22, None), 'total_seq_len': (None, 771)}, 'workloads': 3, 'speedup': (1.17, 1.28, 1.34), 'fallbacks': ()},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (511, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 3, 'speedup': (2.33, 2.44, 2.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 5, 'speedup': (1.32, 2.01, 3.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 150), 'num_seqs': (None, 1)}, 'workloads': 1, 'speedup': (5.11, 5.11, 5.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 150), 'mean_seq_len': (None, 90), 'num_seqs': (1, 4)}, 'workloads': 1, 'speedup': (3.87, 3.87, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 150), 'mean_seq_len': (90, None), 'num_seqs': (1, 4)}, 'workloads': 2, 'speedup': (3.58, 3.83, 4.09), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 1), 'total_seq_len': (45, 168)}, 'workloads': 1, 'speedup': (10.15, 10.15, 10.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 22), 'total_seq_len': (168, 362)}, 'workloads': 2, 'speedup': (2.2, 2.26, 2.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 104), 'num_seqs': (None, 22), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (6.11, 6.11, 6.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (22, None), 'total_seq_len': (168, 724)}, 'workloads': 10, 'speedup': (1.39, 1.92, 2.68), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (150, 378), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 3, 'speedup': (3.69, 3.86, 4.11), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (378, 511), 'num_seqs': (None, 4), 'total_seq_len': (326, None)}, 'workloads': 2, 'speedup': (2.41, 2.51, 2.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 22), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.7, 1.87, 2.05), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 244), 'num_seqs': (4, 22), 'total_seq_len': (362, 771)}, 'workloads': 2, 'speedup': (1.52, 1.61, 1.71), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 104), 'mean_seq_len': (None, 11), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'total_seq_len': (724, 2896)}, 'workloads': 7, 'speedup': (1.18, 1.38, 1.55), 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 11), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.27, 1.46, 1.68), 'fallbacks': ()},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 362), 'num_seqs': (11, None), 'total_seq_len': (771, 1233)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'num_seqs': (11, None), 'total_seq_len': (771, 1233)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 563), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 2, 'speedup': (1.25, 1.34, 1.44), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, 1020), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1020, 2383), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 2, 'speedup': (1.16, 1.19, 1.21), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2383, None), 'num_seqs': (4, 11), 'total_seq_len': (771, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, None), 'num_seqs': (11, None), 'total_seq_len': (1233, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 104), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8'), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 5820), 'num_seqs': (None, 4), 'total_seq_len': (1905, None)}, 'workloads': 7, 'speedup': (1.18, 1.65, 2.4), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'num_seqs': (None, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 104), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (7.76, 7.76, 7.76), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 61), 'num_seqs': (None, 8), 'total_seq_len': (None, 44)}, 'workloads': 2, 'speedup': (5.75, 6.1, 6.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (2.76, 3.2, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 61), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 1, 'speedup': (2.06, 2.06, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.73, 4.64, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (8.24, 8.24, 8.24), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 8), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (3.56, 3.56, 3.56), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (191, 449), 'num_seqs': (4, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.11, 1.29, 1.45), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (449, 563), 'num_seqs': (4, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.16, 1.17, 1.18), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, None), 'num_seqs': (4, None), 'total_seq_len': (None, 2896)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 3277)}, 'workloads': 1, 'speedup': (2.67, 2.67, 2.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (1.51, 1.66, 1.81), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 5820), 'num_seqs': (2, 4)}, 'workloads': 6, 'speedup': (1.25, 1.56, 1.76), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'num_seqs': (2, 4)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 8), 'total_seq_len': (22, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 61), 'num_seqs': (None, 8), 'total_seq_len': (44, 1448)}, 'workloads': 6, 'speedup': (4.53, 5.04, 5.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 61), 'num_seqs': (8, None), 'total_seq_len': (78, 1448)}, 'workloads': 22, 'speedup': (1.27, 2.1, 3.21), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (None, 4), 'total_seq_len': (181, 724)}, 'workloads': 12, 'speedup': (2.13, 3.09, 4.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (181, 3277)}, 'workloads': 12, 'speedup': (1.2, 1.5, 1.88), 'fallbacks': ()},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.27, 2.63, 3.03), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (2, 4), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.1, 2.69, 3.3), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (191, 449), 'num_seqs': (4, None), 'total_seq_len': (1448, 2896)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (11, None), 'num_seqs': (None, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.4, 1.45, 1.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (4, None), 'total_seq_len': (2896, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (61, 191), 'num_seqs': (4, None), 'total_seq_len': (3277, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (4, None), 'total_seq_len': (5404, 12699)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (None, 90), 'num_seqs': (4, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (90, None), 'num_seqs': (4, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (191, 6380), 'num_seqs': (4, None), 'total_seq_len': (12699, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6380, None), 'num_seqs': (4, None), 'total_seq_len': (12699, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -543,140 +511,116 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 9.57x (8.68x .. 10.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 1 and max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 8 workloads, 6.55x (4.17x .. 11.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and 1 < num_seqs <= 5 and max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 6 workloads, 2.97x (2.32x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 4 workloads, 2.75x (2.24x .. 3.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len <= 5 and 6 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 3.44x (3.44x .. 3.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 2.31x (2.31x .. 2.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 5 and 21 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 5 workloads, 3.51x (3.06x .. 4.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 4 and 150 < max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 2 workloads, 1.58x (1.55x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 244:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 2 workloads, 1.69x (1.23x .. 2.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 771 and 4 < num_seqs <= 22 and mean_seq_len > 45 and max_seq_len > 244:
-        return 'triton_prefill_fused.c16v64'
-    # region 11: 1 workloads, 1.27x (1.27x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 771 and num_seqs > 22 and mean_seq_len <= 2 and max_seq_len > 104:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 3 workloads, 1.28x (1.17x .. 1.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 771 and num_seqs > 22 and mean_seq_len > 2 and max_seq_len > 104:
-        return 'triton_prefill_fused.c16v64'
-    # region 13: 3 workloads, 2.44x (2.33x .. 2.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1905 and num_seqs <= 4 and 511 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 5 workloads, 2.01x (1.32x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1905 and num_seqs <= 4 and max_seq_len > 686:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 1 workloads, 5.11x (5.11x .. 5.11x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and 104 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 16: 1 workloads, 3.87x (3.87x .. 3.87x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 4 and mean_seq_len <= 90 and 104 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 2 workloads, 3.83x (3.58x .. 4.09x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 4 and mean_seq_len > 90 and 104 < max_seq_len <= 150:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 1 workloads, 10.15x (10.15x .. 10.15x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 168 and num_seqs <= 1 and max_seq_len <= 104:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 2 workloads, 2.26x (2.20x .. 2.32x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 362 and num_seqs <= 22 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 1 workloads, 6.11x (6.11x .. 6.11x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 104:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 10 workloads, 1.92x (1.39x .. 2.68x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 724 and num_seqs > 22 and max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 3 workloads, 3.86x (3.69x .. 4.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and 150 < max_seq_len <= 378:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 2 workloads, 2.51x (2.41x .. 2.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 326 and num_seqs <= 4 and 378 < max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 2 workloads, 1.87x (1.70x .. 2.05x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 724 and num_seqs <= 22 and max_seq_len <= 104:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 2 workloads, 1.61x (1.52x .. 1.71x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 771 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 244:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 7 workloads, 1.38x (1.18x .. 1.55x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 2896 and mean_seq_len > 11 and max_seq_len <= 104:
-        return 'triton_prefill_fused.c16v64'
-    # region 28: 2 workloads, 1.46x (1.27x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and mean_seq_len <= 11 and max_seq_len <= 11:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 771 < total_seq_len <= 1233 and num_seqs > 11 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 2 workloads, 1.34x (1.25x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 771 and 4 < num_seqs <= 11 and 104 < max_seq_len <= 563:
-        return 'triton_prefill_fused.c16v64'
-    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 771 and 4 < num_seqs <= 11 and 563 < max_seq_len <= 1020:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 2 workloads, 1.19x (1.16x .. 1.21x) over vllm_flashinfer_prefill
-    if total_seq_len > 771 and 4 < num_seqs <= 11 and 1020 < max_seq_len <= 2383:
+    # region 1: 1 workloads, 7.76x (7.76x .. 7.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 8 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 6.10x (5.75x .. 6.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 44 and num_seqs <= 8 and 8 < max_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, 3.20x (2.76x .. 3.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 3 workloads, 4.64x (3.73x .. 6.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 4 and 61 < max_seq_len <= 896:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 1 workloads, 8.24x (8.24x .. 8.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 2 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 1 workloads, 3.56x (3.56x .. 3.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 2 < num_seqs <= 8 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 6 workloads, 1.29x (1.11x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 4 and 191 < max_seq_len <= 449:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 2 workloads, 1.17x (1.16x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 4 and 449 < max_seq_len <= 563:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 771 and 4 < num_seqs <= 11 and max_seq_len > 2383:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 25 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 11 and max_seq_len > 104:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 7 workloads, 1.65x (1.18x .. 2.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 1905 and num_seqs <= 4 and 511 < max_seq_len <= 5820:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1905 and num_seqs <= 4 and max_seq_len > 5820:
+    # region 11: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and num_seqs > 4 and max_seq_len > 563:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 104:
+    # region 12: 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len <= 2 and 61 < max_seq_len <= 191:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3277 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 61 < max_seq_len <= 191:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 4 workloads, 1.66x (1.51x .. 1.81x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 104:
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 6 workloads, 1.56x (1.25x .. 1.76x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and 896 < max_seq_len <= 5820:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and max_seq_len > 5820:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 1448 and num_seqs <= 8 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 6 workloads, 5.04x (4.53x .. 5.64x) over vllm_flashinfer_prefill
+    if 44 < total_seq_len <= 1448 and num_seqs <= 8 and 8 < max_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 20: 22 workloads, 2.10x (1.27x .. 3.21x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 12 workloads, 3.09x (2.13x .. 4.15x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and num_seqs <= 4 and 61 < max_seq_len <= 896:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 12 workloads, 1.50x (1.20x .. 1.88x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191:
+        return 'triton_prefill_fused.c16v64'
+    # region 23: 3 workloads, 2.63x (2.27x .. 3.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 2 and 61 < max_seq_len <= 896:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 24: 3 workloads, 2.69x (2.10x .. 3.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 2 < num_seqs <= 4 and 61 < max_seq_len <= 896:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2896 and num_seqs > 4 and 191 < max_seq_len <= 449:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 61:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 2 workloads, 1.45x (1.40x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and mean_seq_len <= 11 and max_seq_len <= 61:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 61:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5404 and num_seqs > 4 and max_seq_len > 191:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 3277 < total_seq_len <= 5792 and num_seqs > 4 and 61 < max_seq_len <= 191:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if 5404 < total_seq_len <= 12699 and num_seqs > 4 and max_seq_len > 191:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs > 4 and mean_seq_len <= 90 and 61 < max_seq_len <= 191:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 90 and 61 < max_seq_len <= 191:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 34: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 12699 and num_seqs > 4 and 191 < max_seq_len <= 6380:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 12699 and num_seqs > 4 and max_seq_len > 6380:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:  # region 17
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 771 < total_seq_len <= 1233 and num_seqs > 11 and 104 < max_seq_len <= 362:  # region 29
-        return True
-    if total_seq_len > 1448 and mean_seq_len <= 11 and 11 < max_seq_len <= 104:  # region 36
         return True
     return False
