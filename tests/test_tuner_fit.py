@@ -978,6 +978,19 @@ def test_each_device_measured_gets_a_router_of_its_own(tmp_path, variants_a_b):
     assert not own.exists() and "without a router of their own" not in path.read_text()
 
 
+def test_fits_on_processes_write_the_routers_one_process_writes(tmp_path, variants_a_b, monkeypatch):
+    """`fit_policies` on a process pool (forced: no row floor, two jobs) yields the policies the fits in
+    this process give, each device's own among them, and the messages in the same order."""
+    monkeypatch.setattr(flows, "POOL_MIN_ROWS", 0)
+    written = {}
+    for jobs in (1, 2):
+        said, out = io.StringIO(), tmp_path / str(jobs)
+        (_a, _d, pol), = flows.fit_policies(two_device_store(), "sm90", [DECODE], stream=said, jobs=jobs)
+        written[jobs] = [codegen.write(pol, out).read_text(), said.getvalue()] + [
+            codegen.write(own, out, name).read_text() for name, own in sorted(pol.devices.items())]
+    assert len(written[1]) == 4 and written[2] == written[1]
+
+
 def test_the_check_scores_each_device_with_the_router_that_serves_it(tmp_path, variants_a_b):
     """Held-out rows of the 80GB part alone: scored with its own router, which sends batch < 16 to
     A (the architecture's router would keep the baseline there and show the regret)."""

@@ -195,6 +195,11 @@ class Table:
         """The devices fitted on, newest first ("NVIDIA H200 and NVIDIA H100 80GB HBM3")."""
         return " and ".join(e["device"] for e in self.devices) or self.env.get("device", "")
 
+    def measured_range(self) -> dict[str, tuple[int, int]]:
+        """feature -> (min, max) over the workloads, for each numeric feature the fitter splits on."""
+        return {f: (min(self.features[u][f] for u in self.uuids), max(self.features[u][f] for u in self.uuids))
+                for f in self.fit_names if self.uuids and not feats.is_bool(self.definition, f)}
+
     @property
     def measured_at(self) -> str:
         return max((r.measured_at for r in self.rows.values()), default="")
@@ -561,11 +566,9 @@ def fit(table: Table, params: FitParams | None = None, with_heldout: bool = True
     regions.sort(key=lambda r: _box_key(r.bounds, m.fit))
     for r in regions:
         r.stats = region_stats(table, r, mode, guarded=r.hand_back)
-    n = len(table.uuids)
-    measured = {f: (int(m.X[:n, i].min()), int(m.X[:n, i].max())) for i, f in enumerate(m.fit)
-                if n and not feats.is_bool(table.definition, f)}
-    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params, measured=measured,
-                 mode=mode, fit_names=tuple(m.fit), estimated=len(m.X) - n)
+    pol = Policy(table.definition, table.arch, table.baseline, regions, table, params=params,
+                 measured=table.measured_range(), mode=mode, fit_names=tuple(m.fit),
+                 estimated=len(m.X) - len(table.uuids))
     if with_heldout:
         pol.heldout = heldout_regret(table, given, mode)
         if pol.heldout.get("workloads") and pol.heldout["speedup_vs_baseline"] < 1.0:

@@ -13,9 +13,13 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import multiprocessing
+import os
 import signal
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,30 +240,65 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
 
 
 def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids: dict | None = None, stream=None,
-                 params: fitting.FitParams | None = None, hints: dict | None = None):
+                 params: fitting.FitParams | None = None, hints: dict | None = None, jobs: int | None = None):
     """Yields (arch, definition, policy) for every (definition, arch) the store has data for, fitted as
-    `compile_all` writes them (the architecture's policy, each measured model's own in `devices`)."""
+    `compile_all` writes them (the architecture's policy, each measured model's own in `devices`).
+    The fits run on `jobs` processes (default: this machine's cores) where there is enough to fit
+    (`POOL_MIN_ROWS`); each definition's messages still come out just before it is yielded."""
     stream = stream or sys.stderr
     archs = sorted({e["arch"] for e in store.envs()}) if arch is None else [arch]
+    entries = []  # (arch, definition, its messages, [(device name or None for the joint fit, table)])
     for a in archs:
         for d in [defs.resolve_name(x) for x in (definitions or defs.names())]:
             table = fitting.load_table(store, d, a, (uuids or {}).get(d))
             if table is None:
                 continue
-            table = _without_retired(table, stream)
-            _warn_stale(table, stream)
-            _warn_mixed_eager(table, stream)
-            policy = _fit(_without_unmeasured(table, stream, params=params), params, hints)
+            said = io.StringIO()
+            table = _without_retired(table, said)
+            _warn_stale(table, said)
+            _warn_mixed_eager(table, said)
+            joint = _without_unmeasured(table, said, params=params)
+            tables = [(None, joint)]
             if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
                 for name in (e["device"] for e in table.devices):
-                    own = _without_unmeasured(table.on_device(name), stream, f"route {name}", params)
-                    short = _short_of(own, policy.measured)
+                    own = _without_unmeasured(table.on_device(name), said, f"route {name}", params)
+                    short = _short_of(own, joint.measured_range())
                     if short:  # its own fit would extrapolate where the joint one has measurements
-                        stream.write(f"[route] {defs.get(d).short} on {name}: measured {short} only; the "
-                                     f"architecture's router serves it until its tune covers the range\n")
+                        said.write(f"[route] {defs.get(d).short} on {name}: measured {short} only; the "
+                                   f"architecture's router serves it until its tune covers the range\n")
                         continue
-                    policy.devices[name] = _fit(own, params, hints)
-            yield a, d, policy
+                    tables.append((name, own))
+            entries.append((a, d, said.getvalue(), tables))
+    tasks = [(t, params, hints) for *_, tables in entries for _name, t in tables]
+    jobs = min(jobs or len(os.sched_getaffinity(0)), len(tasks))
+    if jobs > 1 and sum(len(t.rows) for t, _p, _h in tasks) >= POOL_MIN_ROWS:
+        # fork: the workers need nothing but their task (no CUDA, no store); results come back in order
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            yield from _assemble(entries, pool.map(_fit_task, tasks), stream)
+    else:
+        yield from _assemble(entries, map(_fit_task, tasks), stream)
+
+
+# Rows below which `fit_policies` fits in this process: a pool's start and the policies' way back
+# (~3 MB pickled for a prefill definition) outweigh fits this small (a prefill definition's ~4,000
+# rows take ~55 s on one core).
+POOL_MIN_ROWS = 2000
+
+
+def _fit_task(task):
+    table, params, hints = task
+    return _fit(table, params, hints)
+
+
+def _assemble(entries, policies, stream):
+    """(arch, definition, policy) per entry, from the policies of its tables in `entries`' order."""
+    policies = iter(policies)
+    for a, d, said, tables in entries:
+        stream.write(said)
+        policy = next(policies)
+        for name, _t in tables[1:]:
+            policy.devices[name] = next(policies)
+        yield a, d, policy
 
 
 def _short_of(table, measured: dict) -> str:
