@@ -749,7 +749,10 @@ def _tighten(boxes, m: _Matrix):
     few-sequence shapes measured up to 74 tokens kept a bound of 570 set between many-sequence
     workloads, and a 4 x 128-token prefill went to a kernel 3x slower than the baseline, which was
     chosen at 719 tokens (H100, 2026-11-26). Shapes between go to the baseline.
-    Bounds towards another variant's box are `_settle`'s."""
+    Bounds towards another variant's box are `_settle`'s. Open faces stay open: closing every one
+    inside the measured range at the box's own workloads sent the shapes beyond to a baseline far
+    slower there (held-out prefill regret, H200 rows of 2026-11-29: contest graph 5.9 -> 52.7%
+    mean, pool qk4 eager 10.3 -> 140.1%) to spare three eager calls slower than it."""
     rivals = np.zeros(len(m.X), dtype=bool)
     for _bounds, vj, idx in boxes:
         if vj == 0:
