@@ -270,8 +270,9 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
                     tables.append((name, own))
             entries.append((a, d, said.getvalue(), tables))
     tasks = [(t, params, hints) for *_, tables in entries for _name, t in tables]
-    jobs = min(jobs or len(os.sched_getaffinity(0)), len(tasks))
-    if jobs > 1 and sum(len(t.rows) for t, _p, _h in tasks) >= POOL_MIN_ROWS:
+    jobs = min(jobs or _cores(), len(tasks))
+    forks = "fork" in multiprocessing.get_all_start_methods()
+    if jobs > 1 and forks and sum(len(t.rows) for t, _p, _h in tasks) >= POOL_MIN_ROWS:
         # fork: the workers need nothing but their task (no CUDA, no store); results come back in order
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             yield from _assemble(entries, pool.map(_fit_task, tasks), stream)
@@ -280,9 +281,14 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
 
 
 # Rows below which `fit_policies` fits in this process: a pool's start and the policies' way back
-# (~3 MB pickled for a prefill definition) outweigh fits this small (a prefill definition's ~4,000
-# rows take ~55 s on one core).
+# (~3 MB pickled for a prefill definition) outweigh fits this small (a pool prefill's ~3,300 rows of
+# two devices take ~55 s on one core, the contest prefill's ~8,500 over two minutes).
 POOL_MIN_ROWS = 2000
+
+
+def _cores() -> int:
+    """The cores this process may run on (all of them where the OS cannot say)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _fit_task(task):
