@@ -111,6 +111,19 @@ def test_the_devices_of_an_architecture_are_fitted_together(tmp_path):
     assert "16 on each of 2 devices" in text
 
 
+def test_a_device_keeps_its_preferred_baseline_when_a_stand_in_was_measured_later():
+    """Rows keep the role of the tune that measured them: a variant measured as the baseline while
+    the preferred library was missing, and measured again later (`tune --eager-turns-only` renews
+    every row), does not take the baseline's place where the preferred baseline was measured too."""
+    store = build_store(DECODE, decode_workloads(), decode_latency)
+    build_store(DECODE, decode_workloads(), lambda n, a: decode_latency(n, a) if n == "B" else None, into=store,
+                measured_at="2026-02-01T00:00:00Z", baseline="B")
+    table = fitting.load_table(store, DECODE, "sm90")
+    assert table.baseline == "flashinfer" and table.device_names == "Fake GPU 80GB"
+    assert [(r.variant, r.bounds) for r in fitting.fit(table).regions] == \
+        [(r.variant, r.bounds) for r in decode_policy().regions]
+
+
 def test_unseen_shapes_route_to_their_region(tmp_path):
     pol = decode_policy()
     path = codegen.write(pol, tmp_path)

@@ -283,13 +283,13 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
     newest_env: dict[str, str] = {}  # device -> its most recently measured environment
     for e in sorted(latest, key=lambda e: (latest[e], e)):
         newest_env[envs[e]["device"]] = e
-    parts = [(e, *_env_rows([r for r in rows if r.env == e]))
+    # the registry's order of preference (registry.baseline): the first library baseline that runs
+    rank = {v.name: i for i, v in enumerate(v for v in registry.variants(definition) if v.baseline)}
+    parts = [(e, *_env_rows([r for r in rows if r.env == e], rank))
              for e in sorted(newest_env.values(), key=lambda e: (latest[e], e), reverse=True)]
     parts = [p for p in parts if p[1] is not None]
     if not parts:
         raise ValueError(f"{definition} on {arch}: the store has no baseline measurements")
-    # the registry's order of preference (registry.baseline): the first library baseline that runs
-    rank = {v.name: i for i, v in enumerate(v for v in registry.variants(definition) if v.baseline)}
     baseline = min((b for _e, b, _k in parts), key=lambda b: rank.get(b, len(rank)))
     parts = [p for p in parts if p[1] == baseline]
     env = parts[0][0]
@@ -311,9 +311,13 @@ def load_table(store: Store, definition: str, arch: str, uuids=None) -> Table | 
                  {u: 1.0 for u in order}, tuple(fit_names), tuple(envs[e] for e, _b, _k in parts))
 
 
-def _env_rows(rows: list[Result]) -> tuple[str | None, list[Result]]:
-    """(baseline, rows) of one environment: each variant's most recently measured hash; no baseline
-    where none was measured there (that device stays out)."""
+def _env_rows(rows: list[Result], rank: dict[str, int]) -> tuple[str | None, list[Result]]:
+    """(baseline, rows) of one environment: each variant's most recently measured hash; the baseline
+    is the one first in `rank` (the registry's order) among the variants measured there as the
+    baseline, the most recently measured among those it does not rank; none where no row was measured
+    as the baseline (that device stays out). Not simply the newest: a row keeps the role of the tune
+    that measured it, and `tune --eager-turns-only` renews a stand-in's rows (measured as the baseline
+    while the preferred library was missing) after the preferred baseline's."""
     newest: dict[tuple[str, str], str] = {}
     for r in rows:
         k = (r.variant, r.variant_hash)
@@ -324,7 +328,10 @@ def _env_rows(rows: list[Result]) -> tuple[str | None, list[Result]]:
             hashes[name] = h
     rows = [r for r in rows if hashes.get(r.variant) == r.variant_hash and r.variant != "routed"]
     base_rows = [r for r in rows if r.baseline]
-    return (max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant if base_rows else None), rows
+    if not base_rows:
+        return None, rows
+    newest = max(base_rows, key=lambda r: (r.measured_at, r.variant)).variant
+    return min({r.variant for r in base_rows}, key=lambda v: (rank.get(v, len(rank)), v != newest, v)), rows
 
 
 # ----------------------------------------------------------------------------------------------

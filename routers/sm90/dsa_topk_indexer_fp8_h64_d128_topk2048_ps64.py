@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T18:08:47Z
+# measured    up to 2026-11-29T16:34:13Z
 # workloads   158 on each of 2 devices (workload-set digest c0356300729f28f9)
 # baseline    deepgemm_flashinfer_topk
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -29,20 +29,18 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.05% mean, 10.38% max;
 #             3.034x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.84% mean, 113.90% max;
-#             6.465x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.07% mean, 80.26% max;
+#             6.003x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 128 workloads, 3.84x (2.70x .. 4.83x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
 #   2. max_num_pages > 124 and kv_pages <= 26974: triton_fp8_flashinfer_topk, 18 workloads, 1.42x (1.11x .. 1.69x) over deepgemm_flashinfer_topk
 #   3. max_num_pages > 124 and kv_pages > 26974: deepgemm_flashinfer_topk (baseline), 6 workloads; where it cannot run here, triton_fp8_flashinfer_topk, deepgemm_torch_topk, triton_fp8_torch_topk
 #   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 164 workloads, 14.43x (11.86x .. 16.09x) over deepgemm_flashinfer_topk; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 128 workloads, 8.73x (2.97x .. 17.37x) over deepgemm_flashinfer_topk; then cuda_radix_select
-#   2. batch_size <= 12 and 124 < max_num_pages <= 367: deepgemm_flashinfer_topk (baseline), 4 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
-#   3. 367 < max_num_pages <= 2005: triton_fp8_flashinfer_topk, 12 workloads, 1.68x (1.29x .. 1.89x) over deepgemm_flashinfer_topk
-#   4. max_num_pages > 2005: deepgemm_flashinfer_topk (baseline), 4 workloads; where it cannot run here, triton_fp8_flashinfer_topk, deepgemm_torch_topk, triton_fp8_torch_topk
-#   5. batch_size > 12 and 124 < max_num_pages <= 367: triton_fp8_flashinfer_topk, 4 workloads, 1.88x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
-#   6. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 164 workloads, 12.08x (5.96x .. 28.35x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 128 workloads, 6.97x (4.14x .. 17.37x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
+#   2. 124 < max_num_pages <= 2005: triton_fp8_flashinfer_topk, 20 workloads, 1.73x (1.48x .. 3.05x) over deepgemm_flashinfer_topk
+#   3. max_num_pages > 2005: deepgemm_flashinfer_topk (baseline), 4 workloads; where it cannot run here, triton_fp8_flashinfer_topk, deepgemm_torch_topk, triton_fp8_torch_topk
+#   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 164 workloads, 9.91x (5.96x .. 26.04x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
@@ -53,12 +51,10 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 128, 'speedup': (2.97, 8.73, 17.37), 'fallbacks': ('cuda_radix_select',)},
-    {'region': 2, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'batch_size': (None, 12), 'max_num_pages': (124, 367)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
-    {'region': 3, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (367, 2005)}, 'workloads': 12, 'speedup': (1.29, 1.68, 1.89), 'fallbacks': ()},
-    {'region': 4, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'max_num_pages': (2005, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk')},
-    {'region': 5, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'batch_size': (12, None), 'max_num_pages': (124, 367)}, 'workloads': 4, 'speedup': (1.72, 1.88, 2.14), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 164, 'speedup': (5.96, 12.08, 28.35), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 128, 'speedup': (4.14, 6.97, 17.37), 'fallbacks': ('cuda_radix_select', 'triton_fp8_flashinfer_topk')},
+    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, 2005)}, 'workloads': 20, 'speedup': (1.48, 1.73, 3.05), 'fallbacks': ()},
+    {'region': 3, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'max_num_pages': (2005, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk')},
+    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 164, 'speedup': (5.96, 9.91, 26.04), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -89,22 +85,16 @@ def route_eager(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 128 workloads, 8.73x (2.97x .. 17.37x) over deepgemm_flashinfer_topk
+    # region 1: 128 workloads, 6.97x (4.14x .. 17.37x) over deepgemm_flashinfer_topk
     if not kv_fits_topk and max_num_pages <= 124:
-        return ('cuda_wgmma_radix', 'cuda_radix_select') if inside else 'cuda_wgmma_radix'
-    # region 2: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size <= 12 and 124 < max_num_pages <= 367:
-        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
-    # region 3: 12 workloads, 1.68x (1.29x .. 1.89x) over deepgemm_flashinfer_topk
-    if 367 < max_num_pages <= 2005:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 20 workloads, 1.73x (1.48x .. 3.05x) over deepgemm_flashinfer_topk
+    if 124 < max_num_pages <= 2005:
         return 'triton_fp8_flashinfer_topk'
-    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
     if max_num_pages > 2005:
         return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'deepgemm_torch_topk', 'triton_fp8_torch_topk') if inside else 'deepgemm_flashinfer_topk'
-    # region 5: 4 workloads, 1.88x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
-    if batch_size > 12 and 124 < max_num_pages <= 367:
-        return 'triton_fp8_flashinfer_topk'
-    # region 6: 164 workloads, 12.08x (5.96x .. 28.35x) over deepgemm_flashinfer_topk
+    # region 4: 164 workloads, 9.91x (5.96x .. 26.04x) over deepgemm_flashinfer_topk
     if kv_fits_topk and max_num_pages <= 124:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
     return 'deepgemm_flashinfer_topk'

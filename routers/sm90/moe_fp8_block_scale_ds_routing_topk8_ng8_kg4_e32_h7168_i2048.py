@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T04:20:27Z
+# measured    up to 2026-11-29T16:23:53Z
 # workloads   39 on each of 2 devices (workload-set digest 56f1db2354616018)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -61,8 +61,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.58% mean, 17.24% max;
 #             2.285x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.49% mean, 90.19% max;
-#             3.095x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 0.79% mean, 7.78% max;
+#             3.264x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 3: triton_decode.n128s8ql, 3 workloads, 2.06x (1.73x .. 2.35x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n128s8qf, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n32s8
 #   2. 3 < seq_len <= 15: triton_decode.n128s4qf, 5 workloads, 1.33x (1.17x .. 1.52x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_decode.n64s4qf, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8ql
@@ -70,11 +70,13 @@
 #   4. 40 < seq_len <= 881: triton_grouped_m32q.fr, 28 workloads, 1.31x (1.20x .. 1.51x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
 #   5. seq_len > 881: deepgemm_fused_bound, 26 workloads, 2.48x (1.43x .. 3.18x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 5: triton_decode.n128s8ql, 4 workloads, 9.02x (5.66x .. 13.33x) over sglang_triton_moe; then triton_decode.n64s8ql, triton_decode.n128s8q, triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n128s8qc, triton_decode.n64s4qf, triton_decode.n128s8qf, triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n128s4qf, triton_decode.n32s8, triton_grouped_m16.fr
-#   2. 5 < seq_len <= 40: triton_decode.n128s4q, 8 workloads, 5.51x (3.01x .. 10.33x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n128s8, triton_decode.n64s4qf, triton_grouped_m64q.fr, triton_decode.n64s8ql, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8qf, triton_grouped_m32q.fr, triton_grouped_m16.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
-#   3. 40 < seq_len <= 679: triton_grouped_m32q.fr, 28 workloads, 2.62x (2.00x .. 4.16x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr
-#   4. 679 < seq_len <= 1781: triton_grouped_m64q.fr, 4 workloads, 2.85x (2.74x .. 3.03x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound, triton_grouped_m16.fr, deepgemm_fused
-#   5. seq_len > 1781: deepgemm_fused_bound, 22 workloads, 3.23x (2.76x .. 3.74x) over sglang_triton_moe; then deepgemm_fused
+#   1. seq_len <= 5: triton_decode.n128s8ql, 4 workloads, 9.43x (6.22x .. 13.08x) over sglang_triton_moe; then triton_decode.n128s8q, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s8qc, triton_decode.n128s8, triton_decode.n128s4q, triton_decode.n128s8qf, triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n128s4qf, triton_decode.n64s4qf, triton_decode.n32s8, triton_grouped_m16.fr
+#   2. 5 < seq_len <= 40: triton_decode.n128s4q, 8 workloads, 6.06x (4.34x .. 8.14x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8ql, triton_decode.n128s8q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s8ql, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4qf, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n128s8qf, triton_grouped_m16.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   3. 40 < seq_len <= 58: triton_grouped_m32q.fr, 14 workloads, 2.73x (2.07x .. 4.57x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
+#   4. 58 < seq_len <= 63: triton_grouped_m16.fr, 4 workloads, 2.88x (2.21x .. 3.74x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
+#   5. 63 < seq_len <= 727: triton_grouped_m32q.fr, 10 workloads, 2.97x (2.00x .. 4.38x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused
+#   6. 727 < seq_len <= 2253: triton_grouped_m64q.fr, 6 workloads, 3.19x (2.60x .. 3.96x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, deepgemm_fused_bound, deepgemm_fused
+#   7. seq_len > 2253: deepgemm_fused_bound, 20 workloads, 3.24x (2.87x .. 3.64x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
@@ -86,11 +88,13 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 5)}, 'workloads': 4, 'speedup': (5.66, 9.02, 13.33), 'fallbacks': ('triton_decode.n64s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n128s8qc', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (5, 40)}, 'workloads': 8, 'speedup': (3.01, 5.51, 10.33), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_decode.n64s8ql', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 679)}, 'workloads': 28, 'speedup': (2.0, 2.62, 4.16), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (679, 1781)}, 'workloads': 4, 'speedup': (2.74, 2.85, 3.03), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1781, None)}, 'workloads': 22, 'speedup': (2.76, 3.23, 3.74), 'fallbacks': ('deepgemm_fused',)},
+    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 5)}, 'workloads': 4, 'speedup': (6.22, 9.43, 13.08), 'fallbacks': ('triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s8', 'triton_decode.n128s4q', 'triton_decode.n128s8qf', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (5, 40)}, 'workloads': 8, 'speedup': (4.34, 6.06, 8.14), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 58)}, 'workloads': 14, 'speedup': (2.07, 2.73, 4.57), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (58, 63)}, 'workloads': 4, 'speedup': (2.21, 2.88, 3.74), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 727)}, 'workloads': 10, 'speedup': (2.0, 2.97, 4.38), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 6, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (727, 2253)}, 'workloads': 6, 'speedup': (2.6, 3.19, 3.96), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 7, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (2253, None)}, 'workloads': 20, 'speedup': (2.87, 3.24, 3.64), 'fallbacks': ('deepgemm_fused',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -118,19 +122,25 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 9.02x (5.66x .. 13.33x) over sglang_triton_moe
+    # region 1: 4 workloads, 9.43x (6.22x .. 13.08x) over sglang_triton_moe
     if seq_len <= 5:
-        return ('triton_decode.n128s8ql', 'triton_decode.n64s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n128s8qc', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n128s8ql'
-    # region 2: 8 workloads, 5.51x (3.01x .. 10.33x) over sglang_triton_moe
+        return ('triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s8', 'triton_decode.n128s4q', 'triton_decode.n128s8qf', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n128s8ql'
+    # region 2: 8 workloads, 6.06x (4.34x .. 8.14x) over sglang_triton_moe
     if 5 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_decode.n64s8ql', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
-    # region 3: 28 workloads, 2.62x (2.00x .. 4.16x) over sglang_triton_moe
-    if 40 < seq_len <= 679:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 4 workloads, 2.85x (2.74x .. 3.03x) over sglang_triton_moe
-    if 679 < seq_len <= 1781:
-        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'triton_grouped_m16.fr', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
-    # region 5: 22 workloads, 3.23x (2.76x .. 3.74x) over sglang_triton_moe
-    if seq_len > 1781:
+        return ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 3: 14 workloads, 2.73x (2.07x .. 4.57x) over sglang_triton_moe
+    if 40 < seq_len <= 58:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 4 workloads, 2.88x (2.21x .. 3.74x) over sglang_triton_moe
+    if 58 < seq_len <= 63:
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
+    # region 5: 10 workloads, 2.97x (2.00x .. 4.38x) over sglang_triton_moe
+    if 63 < seq_len <= 727:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
+    # region 6: 6 workloads, 3.19x (2.60x .. 3.96x) over sglang_triton_moe
+    if 727 < seq_len <= 2253:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
+    # region 7: 20 workloads, 3.24x (2.87x .. 3.64x) over sglang_triton_moe
+    if seq_len > 2253:
         return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-28T18:08:47Z
+# measured    up to 2026-11-29T16:34:13Z
 # workloads   158 (workload-set digest be2df1adb64dd4d8)
 # baseline    deepgemm_flashinfer_topk
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -26,24 +26,18 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.00% mean, 0.00% max;
 #             3.160x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.68% mean, 113.90% max;
-#             6.089x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.32% mean, 52.22% max;
+#             5.268x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 3.83x (2.70x .. 4.76x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_flashinfer_topk
 #   2. max_num_pages > 124 and kv_pages <= 26974: triton_fp8_flashinfer_topk, 9 workloads, 1.40x (1.11x .. 1.66x) over deepgemm_flashinfer_topk
 #   3. max_num_pages > 124 and kv_pages > 26974: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, deepgemm_torch_topk, triton_fp8_torch_topk
 #   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 82 workloads, 14.38x (12.13x .. 16.00x) over deepgemm_flashinfer_topk; then cuda_radix_select, cuda_wgmma_radix, triton_fp8_radix, triton_fp8_flashinfer_topk
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. not kv_fits_topk and 22 < max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 8.53x (2.97x .. 17.24x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_radix
-#   2. batch_size <= 8 and 124 < max_num_pages <= 605: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
-#   3. batch_size <= 8 and max_num_pages > 605: triton_fp8_flashinfer_topk, 3 workloads, 1.75x (1.61x .. 1.97x) over deepgemm_flashinfer_topk
-#   4. max_num_pages <= 1 and kv_pages <= 4: triton_passthrough, 4 workloads, 10.68x (6.16x .. 22.23x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   5. max_num_pages <= 22 and 4 < kv_pages <= 531: triton_passthrough, 42 workloads, 12.45x (7.64x .. 20.23x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
-#   6. max_num_pages <= 22 and kv_pages > 531: cuda_wgmma_radix, 4 workloads, 11.17x (8.77x .. 13.80x) over deepgemm_flashinfer_topk; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
-#   7. 1 < max_num_pages <= 22 and kv_pages <= 4: cuda_wgmma_radix, 3 workloads, 14.16x (10.57x .. 16.95x) over deepgemm_flashinfer_topk; then triton_passthrough, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk, torch_passthrough
-#   8. batch_size > 8 and max_num_pages > 912: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
-#   9. batch_size > 10 and 124 < max_num_pages <= 912: triton_fp8_flashinfer_topk, 3 workloads, 1.89x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
-#   10. kv_fits_topk and 22 < max_num_pages <= 124: triton_passthrough, 29 workloads, 13.10x (6.98x .. 28.35x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix
+#   1. not kv_fits_topk and max_num_pages <= 124: cuda_wgmma_radix, 64 workloads, 5.44x (5.06x .. 6.16x) over deepgemm_flashinfer_topk; then cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
+#   2. 124 < max_num_pages <= 1648: triton_fp8_flashinfer_topk, 9 workloads, 1.58x (1.48x .. 1.67x) over deepgemm_flashinfer_topk
+#   3. max_num_pages > 1648: deepgemm_flashinfer_topk (baseline), 3 workloads; where it cannot run here, triton_fp8_flashinfer_topk, triton_fp8_torch_topk, deepgemm_torch_topk
+#   4. kv_fits_topk and max_num_pages <= 124: triton_passthrough, 82 workloads, 8.44x (7.12x .. 9.30x) over deepgemm_flashinfer_topk; then cuda_wgmma_radix, cuda_radix_select, triton_fp8_radix, triton_fp8_flashinfer_topk
 # measured    1 <= batch_size <= 128, 1 <= max_num_pages <= 2048, 1 <= kv_pages <= 262144
 
 REGIONS = (
@@ -54,16 +48,10 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (22, 124)}, 'workloads': 64, 'speedup': (2.97, 8.53, 17.24), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 2, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'batch_size': (None, 8), 'max_num_pages': (124, 605)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
-    {'region': 3, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'batch_size': (None, 8), 'max_num_pages': (605, None)}, 'workloads': 3, 'speedup': (1.61, 1.75, 1.97), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (None, 4), 'max_num_pages': (None, 1)}, 'workloads': 4, 'speedup': (6.16, 10.68, 22.23), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 5, 'variant': 'triton_passthrough', 'bounds': {'kv_pages': (4, 531), 'max_num_pages': (None, 22)}, 'workloads': 42, 'speedup': (7.64, 12.45, 20.23), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
-    {'region': 6, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (531, None), 'max_num_pages': (None, 22)}, 'workloads': 4, 'speedup': (8.77, 11.17, 13.8), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
-    {'region': 7, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_pages': (None, 4), 'max_num_pages': (1, 22)}, 'workloads': 3, 'speedup': (10.57, 14.16, 16.95), 'fallbacks': ('triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough')},
-    {'region': 8, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'batch_size': (8, None), 'max_num_pages': (912, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
-    {'region': 9, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'batch_size': (10, None), 'max_num_pages': (124, 912)}, 'workloads': 3, 'speedup': (1.72, 1.89, 2.14), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (22, 124)}, 'workloads': 29, 'speedup': (6.98, 13.1, 28.35), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix')},
+    {'region': 1, 'variant': 'cuda_wgmma_radix', 'bounds': {'kv_fits_topk': (None, 0), 'max_num_pages': (None, 124)}, 'workloads': 64, 'speedup': (5.06, 5.44, 6.16), 'fallbacks': ('cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
+    {'region': 2, 'variant': 'triton_fp8_flashinfer_topk', 'bounds': {'max_num_pages': (124, 1648)}, 'workloads': 9, 'speedup': (1.48, 1.58, 1.67), 'fallbacks': ()},
+    {'region': 3, 'variant': 'deepgemm_flashinfer_topk', 'bounds': {'max_num_pages': (1648, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk')},
+    {'region': 4, 'variant': 'triton_passthrough', 'bounds': {'kv_fits_topk': (0, None), 'max_num_pages': (None, 124)}, 'workloads': 82, 'speedup': (7.12, 8.44, 9.3), 'fallbacks': ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk')},
 )
 
 MEASURED = {'batch_size': (1, 128), 'max_num_pages': (1, 2048), 'kv_pages': (1, 262144)}  # feature -> (min, max) over the tuned workloads
@@ -94,34 +82,16 @@ def route_eager(batch_size, max_num_pages, num_pages):
     kv_fits_topk = max_num_pages * page_size <= topk  # every cached token is selected (no top-k needed, -1 padding)
     kv_pages = batch_size * max_num_pages  # block-table entries of the batch (work)
     inside = 1 <= batch_size <= 128 and 1 <= max_num_pages <= 2048 and 1 <= kv_pages <= 262144  # within the measured ranges: fallbacks apply
-    # region 1: 64 workloads, 8.53x (2.97x .. 17.24x) over deepgemm_flashinfer_topk
-    if not kv_fits_topk and 22 < max_num_pages <= 124:
-        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'cuda_wgmma_radix'
-    # region 2: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size <= 8 and 124 < max_num_pages <= 605:
-        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
-    # region 3: 3 workloads, 1.75x (1.61x .. 1.97x) over deepgemm_flashinfer_topk
-    if batch_size <= 8 and max_num_pages > 605:
+    # region 1: 64 workloads, 5.44x (5.06x .. 6.16x) over deepgemm_flashinfer_topk
+    if not kv_fits_topk and max_num_pages <= 124:
+        return ('cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
+    # region 2: 9 workloads, 1.58x (1.48x .. 1.67x) over deepgemm_flashinfer_topk
+    if 124 < max_num_pages <= 1648:
         return 'triton_fp8_flashinfer_topk'
-    # region 4: 4 workloads, 10.68x (6.16x .. 22.23x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 1 and kv_pages <= 4:
+    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if max_num_pages > 1648:
+        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
+    # region 4: 82 workloads, 8.44x (7.12x .. 9.30x) over deepgemm_flashinfer_topk
+    if kv_fits_topk and max_num_pages <= 124:
         return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'triton_passthrough'
-    # region 5: 42 workloads, 12.45x (7.64x .. 20.23x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 22 and 4 < kv_pages <= 531:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
-    # region 6: 4 workloads, 11.17x (8.77x .. 13.80x) over deepgemm_flashinfer_topk
-    if max_num_pages <= 22 and kv_pages > 531:
-        return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk') if inside else 'cuda_wgmma_radix'
-    # region 7: 3 workloads, 14.16x (10.57x .. 16.95x) over deepgemm_flashinfer_topk
-    if 1 < max_num_pages <= 22 and kv_pages <= 4:
-        return ('cuda_wgmma_radix', 'triton_passthrough', 'cuda_radix_select', 'triton_fp8_radix', 'triton_fp8_flashinfer_topk', 'torch_passthrough') if inside else 'cuda_wgmma_radix'
-    # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if batch_size > 8 and max_num_pages > 912:
-        return ('deepgemm_flashinfer_topk', 'triton_fp8_flashinfer_topk', 'triton_fp8_torch_topk', 'deepgemm_torch_topk') if inside else 'deepgemm_flashinfer_topk'
-    # region 9: 3 workloads, 1.89x (1.72x .. 2.14x) over deepgemm_flashinfer_topk
-    if batch_size > 10 and 124 < max_num_pages <= 912:
-        return 'triton_fp8_flashinfer_topk'
-    # region 10: 29 workloads, 13.10x (6.98x .. 28.35x) over deepgemm_flashinfer_topk
-    if kv_fits_topk and 22 < max_num_pages <= 124:
-        return ('triton_passthrough', 'cuda_wgmma_radix', 'cuda_radix_select', 'triton_fp8_radix') if inside else 'triton_passthrough'
     return 'deepgemm_flashinfer_topk'

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T04:20:27Z
+# measured    up to 2026-11-29T16:23:53Z
 # workloads   39 (workload-set digest 233c4d03e8d34141)
 # baseline    sglang_triton_moe
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -58,8 +58,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.26% mean, 17.24% max;
 #             2.348x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.34% mean, 19.34% max;
-#             3.517x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.06% mean, 16.44% max;
+#             3.759x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. seq_len <= 3: triton_decode.n128s8ql, 3 workloads, 2.06x (1.73x .. 2.35x) over sglang_triton_moe; then triton_decode.n128s8qc, triton_decode.n128s8q, triton_decode.n128s8qf, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s4q, triton_decode.n128s8, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s4qf, triton_decode.n32s8
 #   2. 3 < seq_len <= 15: triton_decode.n128s4qf, 5 workloads, 1.33x (1.17x .. 1.52x) over sglang_triton_moe; then triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n128s8q, triton_grouped_m64q.fr, triton_decode.n128s8qf, triton_decode.n64s4qf, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8ql
@@ -68,11 +68,11 @@
 #   5. 362 < seq_len <= 1134: triton_grouped_m64q.fr, 3 workloads, 1.58x (1.44x .. 1.68x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m32.fr, triton_grouped_m64.fr
 #   6. seq_len > 1134: deepgemm_fused_bound, 11 workloads, 2.83x (2.12x .. 3.18x) over sglang_triton_moe
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 5: triton_decode.n128s8ql, 4 workloads, 9.02x (5.66x .. 13.33x) over sglang_triton_moe; then triton_decode.n64s8ql, triton_decode.n128s8q, triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s8q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n128s8qc, triton_decode.n64s4qf, triton_decode.n128s8qf, triton_decode.n128s4q, triton_decode.n64s4qc, triton_decode.n128s4qf, triton_decode.n32s8, triton_grouped_m16.fr
-#   2. 5 < seq_len <= 40: triton_decode.n128s4q, 8 workloads, 5.51x (3.01x .. 10.33x) over sglang_triton_moe; then triton_decode.n128s4qf, triton_decode.n128s8qc, triton_decode.n128s8ql, triton_decode.n64s4qc, triton_decode.n64s4q, triton_decode.n128s8q, triton_decode.n128s8, triton_decode.n64s4qf, triton_grouped_m64q.fr, triton_decode.n64s8ql, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n128s8qf, triton_grouped_m32q.fr, triton_grouped_m16.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
-#   3. 40 < seq_len <= 362: triton_grouped_m32q.fr, 13 workloads, 3.10x (2.57x .. 4.16x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
-#   4. 362 < seq_len <= 1508: triton_grouped_m64q.fr, 3 workloads, 2.84x (2.63x .. 3.03x) over sglang_triton_moe; then triton_grouped_m32q.fr, deepgemm_fused_bound, triton_grouped_m32.fr, triton_grouped_m64.fr, triton_grouped_m16.fr, deepgemm_fused
-#   5. seq_len > 1508: deepgemm_fused_bound, 11 workloads, 3.42x (3.16x .. 3.74x) over sglang_triton_moe; then deepgemm_fused
+#   1. seq_len <= 5: triton_decode.n128s8ql, 4 workloads, 9.43x (6.22x .. 13.08x) over sglang_triton_moe; then triton_decode.n128s8q, triton_decode.n64s8ql, triton_decode.n64s8q, triton_decode.n128s8qc, triton_decode.n128s8, triton_decode.n128s4q, triton_decode.n128s8qf, triton_decode.n64s4q, triton_decode.n64s8, triton_decode.n64s4qc, triton_decode.n64s4, triton_decode.n128s4qf, triton_decode.n64s4qf, triton_decode.n32s8, triton_grouped_m16.fr
+#   2. 5 < seq_len <= 40: triton_decode.n128s4q, 8 workloads, 6.06x (4.34x .. 8.14x) over sglang_triton_moe; then triton_decode.n64s4qc, triton_decode.n128s8qc, triton_decode.n64s4q, triton_decode.n128s8ql, triton_decode.n128s8q, triton_decode.n128s4qf, triton_decode.n64s4, triton_decode.n64s8ql, triton_decode.n128s8, triton_decode.n64s8q, triton_decode.n64s4qf, triton_grouped_m64q.fr, triton_grouped_m32q.fr, triton_decode.n128s8qf, triton_grouped_m16.fr, triton_decode.n64s8, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   3. 40 < seq_len <= 654: triton_grouped_m32q.fr, 14 workloads, 3.58x (3.01x .. 4.57x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   4. 654 < seq_len <= 2550: triton_grouped_m64q.fr, 3 workloads, 3.77x (3.50x .. 3.96x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m64.fr, triton_grouped_m32.fr, deepgemm_fused_bound, deepgemm_fused
+#   5. seq_len > 2550: deepgemm_fused_bound, 10 workloads, 3.42x (3.16x .. 3.64x) over sglang_triton_moe; then deepgemm_fused
 # measured    1 <= seq_len <= 32768
 
 REGIONS = (
@@ -85,11 +85,11 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 5)}, 'workloads': 4, 'speedup': (5.66, 9.02, 13.33), 'fallbacks': ('triton_decode.n64s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n128s8qc', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
-    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (5, 40)}, 'workloads': 8, 'speedup': (3.01, 5.51, 10.33), 'fallbacks': ('triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_decode.n64s8ql', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 362)}, 'workloads': 13, 'speedup': (2.57, 3.1, 4.16), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
-    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (362, 1508)}, 'workloads': 3, 'speedup': (2.63, 2.84, 3.03), 'fallbacks': ('triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1508, None)}, 'workloads': 11, 'speedup': (3.16, 3.42, 3.74), 'fallbacks': ('deepgemm_fused',)},
+    {'region': 1, 'variant': 'triton_decode.n128s8ql', 'bounds': {'seq_len': (None, 5)}, 'workloads': 4, 'speedup': (6.22, 9.43, 13.08), 'fallbacks': ('triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s8', 'triton_decode.n128s4q', 'triton_decode.n128s8qf', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr')},
+    {'region': 2, 'variant': 'triton_decode.n128s4q', 'bounds': {'seq_len': (5, 40)}, 'workloads': 8, 'speedup': (4.34, 6.06, 8.14), 'fallbacks': ('triton_decode.n64s4qc', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 654)}, 'workloads': 14, 'speedup': (3.01, 3.58, 4.57), 'fallbacks': ('triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 4, 'variant': 'triton_grouped_m64q.fr', 'bounds': {'seq_len': (654, 2550)}, 'workloads': 3, 'speedup': (3.5, 3.77, 3.96), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
+    {'region': 5, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (2550, None)}, 'workloads': 10, 'speedup': (3.16, 3.42, 3.64), 'fallbacks': ('deepgemm_fused',)},
 )
 
 MEASURED = {'seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -120,19 +120,19 @@ def route(seq_len):
 
 def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 9.02x (5.66x .. 13.33x) over sglang_triton_moe
+    # region 1: 4 workloads, 9.43x (6.22x .. 13.08x) over sglang_triton_moe
     if seq_len <= 5:
-        return ('triton_decode.n128s8ql', 'triton_decode.n64s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s8q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n128s8qc', 'triton_decode.n64s4qf', 'triton_decode.n128s8qf', 'triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n128s8ql'
-    # region 2: 8 workloads, 5.51x (3.01x .. 10.33x) over sglang_triton_moe
+        return ('triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n64s8ql', 'triton_decode.n64s8q', 'triton_decode.n128s8qc', 'triton_decode.n128s8', 'triton_decode.n128s4q', 'triton_decode.n128s8qf', 'triton_decode.n64s4q', 'triton_decode.n64s8', 'triton_decode.n64s4qc', 'triton_decode.n64s4', 'triton_decode.n128s4qf', 'triton_decode.n64s4qf', 'triton_decode.n32s8', 'triton_grouped_m16.fr') if inside else 'triton_decode.n128s8ql'
+    # region 2: 8 workloads, 6.06x (4.34x .. 8.14x) over sglang_triton_moe
     if 5 < seq_len <= 40:
-        return ('triton_decode.n128s4q', 'triton_decode.n128s4qf', 'triton_decode.n128s8qc', 'triton_decode.n128s8ql', 'triton_decode.n64s4qc', 'triton_decode.n64s4q', 'triton_decode.n128s8q', 'triton_decode.n128s8', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_decode.n64s8ql', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n128s8qf', 'triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
-    # region 3: 13 workloads, 3.10x (2.57x .. 4.16x) over sglang_triton_moe
-    if 40 < seq_len <= 362:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
-    # region 4: 3 workloads, 2.84x (2.63x .. 3.03x) over sglang_triton_moe
-    if 362 < seq_len <= 1508:
-        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'deepgemm_fused_bound', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'triton_grouped_m16.fr', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
-    # region 5: 11 workloads, 3.42x (3.16x .. 3.74x) over sglang_triton_moe
-    if seq_len > 1508:
+        return ('triton_decode.n128s4q', 'triton_decode.n64s4qc', 'triton_decode.n128s8qc', 'triton_decode.n64s4q', 'triton_decode.n128s8ql', 'triton_decode.n128s8q', 'triton_decode.n128s4qf', 'triton_decode.n64s4', 'triton_decode.n64s8ql', 'triton_decode.n128s8', 'triton_decode.n64s8q', 'triton_decode.n64s4qf', 'triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_decode.n128s8qf', 'triton_grouped_m16.fr', 'triton_decode.n64s8', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s4q'
+    # region 3: 14 workloads, 3.58x (3.01x .. 4.57x) over sglang_triton_moe
+    if 40 < seq_len <= 654:
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m32q.fr'
+    # region 4: 3 workloads, 3.77x (3.50x .. 3.96x) over sglang_triton_moe
+    if 654 < seq_len <= 2550:
+        return ('triton_grouped_m64q.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m64q.fr'
+    # region 5: 10 workloads, 3.42x (3.16x .. 3.64x) over sglang_triton_moe
+    if seq_len > 2550:
         return ('deepgemm_fused_bound', 'deepgemm_fused') if inside else 'deepgemm_fused_bound'
     return 'sglang_triton_moe'
