@@ -131,14 +131,15 @@ def test_a_library_variants_code_change_is_found_under_the_versions_its_rows_rec
     versions = {"flashinfer": "9.9.9", "cuda": "1.7.0"}
 
     def table(stored_hash, metrics):
-        row = types.SimpleNamespace(variant=v.name, variant_hash=stored_hash, metrics=metrics)
-        return types.SimpleNamespace(definition=v.definition, env={"device": "a GPU this machine is not"},
+        row = types.SimpleNamespace(variant=v.name, variant_hash=stored_hash, metrics=metrics, env="e1")
+        gpu = {"id": "e1", "device": "a GPU this machine is not"}
+        return types.SimpleNamespace(definition=v.definition, env=gpu, devices=(gpu,),
                                      hashes={v.name: stored_hash}, rows={(v.name, "u1"): row})
 
     out = io.StringIO()
     assert flows._warn_stale(table(provenance.digest(v.name, v.files, versions), {"library_versions": versions}), out) == []
     assert flows._warn_stale(table("0" * 16, {"library_versions": versions}), out) == [v.name]
-    assert "provenance changed" in out.getvalue()
+    assert "provenance changed since it was measured on a GPU this machine is not" in out.getvalue()
     assert flows._warn_stale(table("0" * 16, {}), io.StringIO()) == []
 
 

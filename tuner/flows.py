@@ -535,6 +535,7 @@ def _warn_stale(table, stream, step: str = "route") -> list[str]:
     recorded, and not at all where they recorded none (measured before rows did)."""
     stale = []
     here = _device_name()
+    devices = {e["id"]: e["device"] for e in table.devices}
     # every hash the rows hold: with several devices each brings its own newest (tuner/fit.py `load_table`)
     for name, h in sorted({(r.variant, r.variant_hash) for r in table.rows.values()}):
         try:
@@ -550,8 +551,12 @@ def _warn_stale(table, stream, step: str = "route") -> list[str]:
             current = provenance.digest(v.name, v.files, versions)
         if current != h and name not in stale:
             stale.append(name)
+            # which GPUs' rows: a joint table's other devices can only be re-tuned on those GPUs
+            where = ", ".join(sorted({devices[r.env] for (n, _), r in table.rows.items()
+                                      if n == name and r.variant_hash == h and r.env in devices}))
             stream.write(f"[{step}] warning: {defs.get(table.definition).short} {name}: provenance changed since "
-                         f"it was measured ({h} -> {current}); re-run `kdispatch tune`\n")
+                         f"it was measured{f' on {where}' if where else ''} ({h} -> {current}); re-run "
+                         f"`kdispatch tune`{' there' if where else ''}\n")
     return stale
 
 
