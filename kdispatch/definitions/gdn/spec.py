@@ -686,7 +686,13 @@ SPECS = {
         # a caller that knows the longest sequence gets the regions fitted with it, as the engines'
         # conventions do (the pool prefill's comments below say why it decides)
         hints={"max_seq_len": Hint("tokens of the longest sequence", longest_prefill)},
-        estimate=Estimate(("total_seq_len", "num_seqs", "max_seq_len"), pool_prefill_grid),
+        # Depth 7 on the estimated grid: at 6 the hinted tree ran out of depth before it split tens of
+        # few-token prompts by their longest one (the rows kernel up to ~9 tokens, the fused chunks
+        # beyond) and sent held-out 17 x 24 tokens (longest 3) to the fused chunks, 2x slower. Scored
+        # 2026-11-29 with the coverage grids below: hinted graph mean / max H200 6.82 / 102.81% -> 4.23 / 22.13%,
+        # H100 (its rows without those grids) 4.53 / 38.03% -> 3.38 / 38.03%, eager hinted H100 10.52 ->
+        # 9.69%, H200 2.29 -> 2.31%
+        estimate=Estimate(("total_seq_len", "num_seqs", "max_seq_len"), pool_prefill_grid, max_depth=7),
         # Chunked kernels do the intra-chunk math in bf16 (measured ~4e-3 norm error for FlashInfer
         # and fla, whose worst element over millions exceeds 1e-2): 5e-2 elementwise, and the norm
         # bounds catch any systematic drift.
@@ -714,7 +720,20 @@ SPECS = {
                           # measured between 768 and 1,377: the router gave 1 x 1,000 to FlashInfer,
                           # 18% slower (issue 15's reported shape; 52.8 against 44.7 us, H200, 2026-11-29)
                           more_grids=({"num_seqs": (1,), "total_seq_len": (640, 896, 1024, 1152, 1280, 1536, 2048)},
-                                      {"num_seqs": (2,), "total_seq_len": (1024, 1536, 2048)}),
+                                      {"num_seqs": (2,), "total_seq_len": (1024, 1536, 2048)},
+                                      # Four to eight prompts of 2-4k tokens, the longest 1-3.6k: FlashInfer
+                                      # with its long-sequence split off (`cp_off`) wins while the longest is
+                                      # short against the others; nothing had been measured at 4-12 sequences
+                                      # of 2-5k tokens, and the hinted router gave held-out 4 x 2,230 (longest
+                                      # 1,057) and 8 x 4,402 (1,817) to FlashInfer, 38% and 33% slower
+                                      # (H200, 2026-11-29)
+                                      {"num_seqs": (4, 8), "total_seq_len": (2048, 3072, 4096)},
+                                      # Tens of prompts of a few tokens each, where the per-sequence rows kernel,
+                                      # the fused chunks and FlashInfer trade places with the longest: few
+                                      # workloads had been measured there, and the grid above moved the regions
+                                      # they had held (held-out 17 x 24 and 10 x 33 tokens went to the fused
+                                      # chunks, 2x and 1.4x slower than the rows kernel; H200, 2026-11-29)
+                                      {"num_seqs": (12, 24), "total_seq_len": (24, 48, 96, 192)}),
                           grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
