@@ -402,7 +402,10 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
         # 13.2 / 16.3% -> 3.0 / 6.4 / 3.8 / 6.1%, held-out 31.6 / 17.0 / 17.4 / 19.9% -> 7.9 / 7.5 /
         # 11.5 / 9.9%, with the hint as the longest live sequence). Without the hint one shape has
         # several times (its mixes): estimates average them, and were worse on held-out shapes than
-        # the tree, which needs a win on every mix.
+        # the tree, which needs a win on every mix. Depth 7 on the grid (the contest prefill's) was scored
+        # on both held-out stores for the pool and gathered prefills (2026-11-29): hinted graph mean
+        # regrets summed over the eight 21.58 -> 20.89% (H100) and 19.53 -> 19.20% (H200), but the H100's
+        # hinted eager 97.05 -> 103.05% (pool qk4 9.21 / 36.76 -> 17.20 / 63.96%): kept at 6.
         estimate=Estimate(("total_seq_len", "num_seqs", "max_seq_len"), pool_prefill_grid))
 
 
