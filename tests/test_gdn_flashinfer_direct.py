@@ -1,0 +1,107 @@
+"""CPU tests of `flashinfer_direct` (kernels/library/gdn/flashinfer_direct.py), the contest prefill's
+call of FlashInfer's compiled sm_90 kernel without its Python layers. FlashInfer's sm_90 module is
+stood in for (no GPU here) and the prefill guard by its contract on well-formed batches (int64
+boundaries, activated gates); what is tested is the wrapper's own work: the readiness probe, the
+first call of a process through FlashInfer's entry, later ones straight to the compiled kernel with
+the entry's views and scalars, and a cache miss kept to the entry and said once."""
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from conftest import kernel_module
+
+X = kernel_module("kdispatch.kernels.library.gdn.flashinfer_direct")
+GUARD = kernel_module("kdispatch.kernels.cuda.gdn.prefill_guard")
+
+
+def fake_sm90(compiled, calls):
+    """A stand-in of FlashInfer's sm_90 prefill module: the entry and the compiled kernel record their calls."""
+    m = types.ModuleType(X._SM90)
+    m.delta_rule_prefill_dsl_sm90 = lambda *a: calls.append(("entry", a))
+    m._get_prefill_kernel = lambda *a, **kw: ("kernel", a, tuple(sorted(kw.items())))
+    m._SM90_COMPILE_OPTIONS = ("sm_90a",)
+    m.get_cached_compile = lambda kernel, options: compiled
+    m._get_cache_buf = lambda name, size, device: torch.empty(size, dtype=torch.uint8)
+    m.get_device_sm_count = lambda device: 132
+    return m
+
+
+@pytest.fixture
+def cutlass_stub(monkeypatch):
+    pytest.importorskip("cuda.bindings.driver")  # the stream handle's type (cuda-python, no GPU needed)
+    monkeypatch.setitem(sys.modules, "cutlass", types.SimpleNamespace(BFloat16="bf16"))
+    monkeypatch.setattr(X.nvrtc, "current_stream", lambda device=None: 7)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # CPU tensors name no device index
+
+
+def args(T=10, n=2, hq=4, hv=8, D=128):
+    q, k = torch.randn(T, hq, D, dtype=torch.bfloat16), torch.randn(T, hq, D, dtype=torch.bfloat16)
+    v = torch.randn(T, hv, D, dtype=torch.bfloat16)
+    state = torch.randn(n, hv, D, D)
+    a, b = torch.randn(T, hv, dtype=torch.bfloat16), torch.randn(T, hv, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, T], dtype=torch.int32)
+    return q, k, v, state, torch.randn(hv), a, torch.randn(hv), b, cu, 0.0
+
+
+def guard_contract(cu, T, *, gates, out, malformed):
+    """prefill_guard.guard on a well-formed batch: int64 boundaries and the activated gates."""
+    A_log, a, dt_bias, b = gates
+    alpha = torch.exp(-torch.exp(A_log) * torch.nn.functional.softplus(a.float() + dt_bias))
+    return cu.to(torch.int64), None, alpha, torch.sigmoid(b.float())
+
+
+@pytest.mark.parametrize("absent,ready", [((), True), (("_get_prefill_kernel",), False)])
+def test_ready_only_where_flashinfer_has_the_internals(monkeypatch, absent, ready):
+    m = fake_sm90(None, [])
+    for name in absent:
+        delattr(m, name)
+    monkeypatch.setitem(sys.modules, X._SM90, m)
+    answer = X.internals_ready()
+    assert (answer is None) == ready
+    if not ready:
+        assert "_get_prefill_kernel" in answer
+
+
+def test_not_ready_where_the_module_does_not_import(monkeypatch):
+    monkeypatch.setitem(sys.modules, X._SM90, None)  # import raises ImportError
+    assert "does not import" in X.internals_ready()
+
+
+def test_first_call_through_the_entry_then_the_compiled_kernel(monkeypatch, cutlass_stub):
+    calls = []
+    compiled = lambda *a: calls.append(("compiled", a))  # noqa: E731
+    monkeypatch.setitem(sys.modules, X._SM90, fake_sm90(compiled, calls))
+    monkeypatch.setattr(GUARD, "guard", guard_contract)
+    monkeypatch.setattr(X, "_compiled", {})
+    q, k, v, state, *_ = call = args()
+    out, new_state = X.gdn_prefill_flashinfer_direct(*call)
+    assert [c[0] for c in calls] == ["entry"] and new_state is state
+    entry = calls[0][1]
+    assert entry[1] is state and entry[5] is state  # final states written over the initial ones
+    assert entry[9] == pytest.approx(128 ** -0.5)  # the definition's scale 0: 1/sqrt(head size)
+    X.gdn_prefill_flashinfer_direct(*call)
+    assert [c[0] for c in calls] == ["entry", "compiled"]
+    a = calls[1][1]
+    T, D = q.shape[0], q.shape[2]
+    assert a[0].shape == (T, D, 4) and a[0].stride() == (4 * D, 1, D)  # q token-major, a box per head
+    for view, heads in ((a[1], 4), (a[2], 8), (a[3], 8)):  # k, v, out feature-major
+        assert view.shape == (D, T, heads) and view.stride() == (1, heads * D, D)
+    assert a[6] is state and a[7] is state and a[8:11] == (None, None, None)
+    assert a[12].dtype == torch.int64 and a[12].tolist() == [0, 4, T]
+    assert a[14:22] == (4, 4, 8, 8, 2, 1, 0, 16) and int(a[22]) == 7  # the current stream
+
+
+def test_a_cache_miss_keeps_to_the_entry_and_says_so_once(monkeypatch, cutlass_stub):
+    calls = []
+    monkeypatch.setitem(sys.modules, X._SM90, fake_sm90(None, calls))
+    monkeypatch.setattr(GUARD, "guard", guard_contract)
+    monkeypatch.setattr(X, "_compiled", {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            X.gdn_prefill_flashinfer_direct(*args())
+    assert [c[0] for c in calls] == ["entry"] * 3
+    assert len([w for w in caught if "compile cache" in str(w.message)]) == 1
