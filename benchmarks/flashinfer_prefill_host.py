@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -32,31 +30,20 @@ from kdispatch import registry
 from kdispatch.kernels.cuda.gdn import prefill_guard
 from kdispatch.workloads import SimpleWorkload, materialize
 
-from hosttime import host_breakdown, host_us  # noqa: E402  (benchmarks/ is the script folder)
+from gdn_prefill_host import wall_us  # noqa: E402  (benchmarks/ is the script folder)
+from hosttime import host_breakdown, host_us  # noqa: E402
 
 DEF = "gdn_prefill"
 VARIANTS = ("flashinfer", "flashinfer.cp_off", "flashinfer_direct", "triton_prefill_chunked.v16")
 
 
-def wall_us(fn, calls: int = 50) -> float:
-    fn()
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
-
-
 def library_layers(args) -> dict:
     """name -> fn(): FlashInfer's layers on inputs prepared once (the state updated in place)."""
     import cuda.bindings.driver as cuda_driver
-    import cutlass
     from flashinfer.gdn_prefill import chunk_gated_delta_rule
     from flashinfer.gdn_kernels.delta_rule_dsl import delta_rule_sm90 as sm90
-    from flashinfer.utils import _get_cache_buf, get_device_sm_count
+
+    from kdispatch.kernels.library.gdn import flashinfer_direct
 
     q, k, v, state, A_log, a, dt_bias, b, cu, scale = args
     cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=(A_log, a, dt_bias, b))
@@ -72,18 +59,12 @@ def library_layers(args) -> dict:
                                                                    scale)}
     calls["public cp=off"]()  # compiles (or finds) the kernel the entry uses
     torch.cuda.synchronize()
-    kernel = sm90._get_prefill_kernel(True, True, True, False, cutlass.BFloat16, initial_state_dtype=torch.float32,
-                                      state_dtype=torch.float32, checkpoint_state_dtype=torch.float32,
-                                      use_state_indices=False, cu_seqlens_dtype=torch.int64,
-                                      state_indices_dtype=None, checkpoint_cu_starts_dtype=None,
-                                      state_inner_strides=None, init_state_inner_strides=None)
-    compiled = sm90.get_cached_compile(kernel, sm90._SM90_COMPILE_OPTIONS)
-    if compiled is None:
-        print("compiled kernel not in FlashInfer's cache under the expected key: `compiled` not timed")
+    found = flashinfer_direct._lookup(q.device)  # the kernel `flashinfer_direct` calls (warns where absent)
+    if found is None:
         return calls
+    compiled, tensormaps = found
     T, D, hq, hk, hv = q.shape[0], q.shape[2], q.shape[1], k.shape[1], v.shape[1]
     hsab, n = max(hq, hv), cu64.shape[0] - 1
-    tensormaps = _get_cache_buf("gdn_prefill_tensormaps", get_device_sm_count(q.device) * 128, q.device)
 
     def direct():
         stream = cuda_driver.CUstream(torch.cuda.current_stream().cuda_stream)
@@ -133,7 +114,7 @@ def main() -> None:
             calls[f"variant {name}"] = lambda fn=fn: fn(*args)
         print(f"== {n} sequences, {t} tokens; {same_results(args)}")
         for name, fn in calls.items():
-            row = {"shape": axes, "call": name, "host_us": host_us(lambda *_: fn(), ()), "wall_us": wall_us(fn)}
+            row = {"shape": axes, "call": name, "host_us": host_us(lambda *_: fn(), ()), "wall_us": wall_us(lambda *_: fn(), ())}
             rows.append(row)
             print(f"  {name:<40} host {row['host_us']:8.1f}  wall {row['wall_us']:8.1f} us", flush=True)
         if i == 0:
