@@ -105,3 +105,37 @@ def test_a_cache_miss_keeps_to_the_entry_and_says_so_once(monkeypatch, cutlass_s
             X.gdn_prefill_flashinfer_direct(*args())
     assert [c[0] for c in calls] == ["entry"] * 3
     assert len([w for w in caught if "compile cache" in str(w.message)]) == 1
+
+
+G = kernel_module("kdispatch.kernels.library.gdn.flashinfer_direct_gathered")
+
+
+def log_decay_contract(cu, T, *, log_decay, out, malformed):
+    """prefill_guard.guard with engines' pre-activated g, on a well-formed batch: alpha = exp(g)."""
+    return cu.to(torch.int64), None, torch.exp(log_decay), None
+
+
+def test_gathered_prefill_shares_the_contest_kernel(monkeypatch, cutlass_stub):
+    """vLLM's convention: alpha = exp(g) from the guard, beta as given, the gathered states in place,
+    and the same compiled kernel as the contest prefill (one look-up per device serves both)."""
+    calls = []
+    compiled = lambda *a: calls.append(("compiled", a))  # noqa: E731
+    monkeypatch.setitem(sys.modules, X._SM90, fake_sm90(compiled, calls))
+    monkeypatch.setattr(GUARD, "guard", log_decay_contract)
+    monkeypatch.setattr(X, "_compiled", {})
+    T, n, hq, hv, D = 12, 3, 2, 4, 128
+    q, k = torch.randn(T, hq, D, dtype=torch.bfloat16), torch.randn(T, hq, D, dtype=torch.bfloat16)
+    v = torch.randn(T, hv, D, dtype=torch.bfloat16)
+    g, beta = -torch.rand(T, hv), torch.rand(T, hv)
+    states, out = torch.randn(n, hv, D, D), torch.empty(T, hv, D, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 5, 5, T], dtype=torch.int32)
+    for _ in range(2):
+        got_out, got_states = G.gdn_prefill_gathered_flashinfer_direct(q, k, v, g, beta, states, cu, out, 0.125)
+        assert got_out is out and got_states is states
+    assert [c[0] for c in calls] == ["entry", "compiled"]
+    entry, a = calls[0][1], calls[1][1]
+    assert entry[1] is states and entry[5] is states and entry[9] == 0.125
+    assert torch.equal(a[4], torch.exp(g).reshape(-1)) and torch.equal(a[5], beta.reshape(-1))
+    assert a[3].shape == (D, T, hv) and a[3].data_ptr() == out.data_ptr()  # the caller's output, written in place
+    assert a[6] is states and a[7] is states and a[12].tolist() == [0, 5, 5, T]
+    assert a[14:22] == (hq, hq, hv, hv, n, 1, 0, n * hv)
