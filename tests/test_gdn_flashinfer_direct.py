@@ -1,9 +1,11 @@
-"""CPU tests of `flashinfer_direct` (kernels/library/gdn/flashinfer_direct.py), the contest prefill's
-call of FlashInfer's compiled sm_90 kernel without its Python layers. FlashInfer's sm_90 module is
-stood in for (no GPU here) and the prefill guard by its contract on well-formed batches (int64
-boundaries, activated gates); what is tested is the wrapper's own work: the readiness probe, the
-first call of a process through FlashInfer's entry, later ones straight to the compiled kernel with
-the entry's views and scalars, and a cache miss kept to the entry and said once."""
+"""CPU tests of the `flashinfer_direct` variants, calls of FlashInfer's compiled sm_90 prefill kernel
+without its Python layers: the contest prefill's (kernels/library/gdn/flashinfer_direct.py) and the
+gathered and pool prefills' (flashinfer_direct_gathered.py, flashinfer_direct_pool.py, through
+flashinfer_compiled.py). FlashInfer's sm_90 module is stood in for (no GPU here), and the launches
+before it by their contracts on well-formed batches; what is tested is the wrappers' own work: the
+readiness probe, the first call of a process through FlashInfer's entry, later ones straight to the
+compiled kernel with the entry's views and scalars, one look-up per configuration (a pool's slots
+and inner strides), and a cache miss kept to the entry and said once."""
 import sys
 import types
 import warnings
@@ -20,7 +22,7 @@ GUARD = kernel_module("kdispatch.kernels.cuda.gdn.prefill_guard")
 def fake_sm90(compiled, calls):
     """A stand-in of FlashInfer's sm_90 prefill module: the entry and the compiled kernel record their calls."""
     m = types.ModuleType(X._SM90)
-    m.delta_rule_prefill_dsl_sm90 = lambda *a: calls.append(("entry", a))
+    m.delta_rule_prefill_dsl_sm90 = lambda *a, **kw: calls.append(("entry", a, kw))
     m._get_prefill_kernel = lambda *a, **kw: ("kernel", a, tuple(sorted(kw.items())))
     m._SM90_COMPILE_OPTIONS = ("sm_90a",)
     m.get_cached_compile = lambda kernel, options: compiled
@@ -108,6 +110,9 @@ def test_a_cache_miss_keeps_to_the_entry_and_says_so_once(monkeypatch, cutlass_s
 
 
 G = kernel_module("kdispatch.kernels.library.gdn.flashinfer_direct_gathered")
+P = kernel_module("kdispatch.kernels.library.gdn.flashinfer_direct_pool")
+C = kernel_module("kdispatch.kernels.library.gdn.flashinfer_compiled")
+PREPARE = kernel_module("kdispatch.kernels.cuda.gdn.pool_prefill_prepare")
 
 
 def log_decay_contract(cu, T, *, log_decay, out, malformed):
@@ -115,14 +120,16 @@ def log_decay_contract(cu, T, *, log_decay, out, malformed):
     return cu.to(torch.int64), None, torch.exp(log_decay), None
 
 
-def test_gathered_prefill_shares_the_contest_kernel(monkeypatch, cutlass_stub):
+def test_gathered_prefill_calls_the_compiled_kernel_on_its_states(monkeypatch, cutlass_stub):
     """vLLM's convention: alpha = exp(g) from the guard, beta as given, the gathered states in place,
-    and the same compiled kernel as the contest prefill (one look-up per device serves both)."""
-    calls = []
+    through the entry once, then the compiled kernel found under the states' configuration."""
+    calls, keys = [], []
     compiled = lambda *a: calls.append(("compiled", a))  # noqa: E731
-    monkeypatch.setitem(sys.modules, X._SM90, fake_sm90(compiled, calls))
+    sm90 = fake_sm90(compiled, calls)
+    sm90._get_prefill_kernel = lambda *a, **kw: keys.append(kw) or "kernel"
+    monkeypatch.setitem(sys.modules, X._SM90, sm90)
     monkeypatch.setattr(GUARD, "guard", log_decay_contract)
-    monkeypatch.setattr(X, "_compiled", {})
+    monkeypatch.setattr(C, "_compiled", {})
     T, n, hq, hv, D = 12, 3, 2, 4, 128
     q, k = torch.randn(T, hq, D, dtype=torch.bfloat16), torch.randn(T, hq, D, dtype=torch.bfloat16)
     v = torch.randn(T, hv, D, dtype=torch.bfloat16)
@@ -133,9 +140,55 @@ def test_gathered_prefill_shares_the_contest_kernel(monkeypatch, cutlass_stub):
         got_out, got_states = G.gdn_prefill_gathered_flashinfer_direct(q, k, v, g, beta, states, cu, out, 0.125)
         assert got_out is out and got_states is states
     assert [c[0] for c in calls] == ["entry", "compiled"]
-    entry, a = calls[0][1], calls[1][1]
-    assert entry[1] is states and entry[5] is states and entry[9] == 0.125
+    assert len(keys) == 1 and not keys[0]["use_state_indices"] and keys[0]["cu_seqlens_dtype"] == torch.int64
+    entry, a = calls[0], calls[1][1]
+    assert entry[1][1] is states and entry[1][5] is states and entry[1][9] == 0.125
+    assert entry[2] == {"state_indices": None}
     assert torch.equal(a[4], torch.exp(g).reshape(-1)) and torch.equal(a[5], beta.reshape(-1))
     assert a[3].shape == (D, T, hv) and a[3].data_ptr() == out.data_ptr()  # the caller's output, written in place
-    assert a[6] is states and a[7] is states and a[12].tolist() == [0, 5, 5, T]
+    assert a[6] is states and a[7] is states and a[8] is None and a[12].tolist() == [0, 5, 5, T]
     assert a[14:22] == (hq, hq, hv, hv, n, 1, 0, n * hv)
+
+
+def test_pool_prefill_reads_and_writes_pool_rows_through_the_slots(monkeypatch, cutlass_stub):
+    """SGLang's convention: after the prepare launch (stood in for: it returns the operands FlashInfer
+    takes), the kernel gets the whole pool as initial and final states and the int32 slots; its
+    configuration names the slots' dtype and the pool's inner strides, so a pool with other strides
+    is looked up again; no sequences launch nothing."""
+    calls, keys = [], []
+    compiled = lambda *a: calls.append(("compiled", a))  # noqa: E731
+    sm90 = fake_sm90(compiled, calls)
+    sm90._get_prefill_kernel = lambda *a, **kw: keys.append(kw) or "kernel"
+    monkeypatch.setitem(sys.modules, X._SM90, sm90)
+    monkeypatch.setattr(C, "_compiled", {})
+    T, hq, hv, D = 9, 2, 4, 128
+    q, k = torch.randn(T, hq, D, dtype=torch.bfloat16), torch.randn(T, hq, D, dtype=torch.bfloat16)
+    v = torch.randn(T, hv, D, dtype=torch.bfloat16)
+    g, beta = -torch.rand(T, hv), torch.rand(T, hv)
+    slots, cu = torch.tensor([5, 1], dtype=torch.int32), torch.tensor([0, 4, T], dtype=torch.int32)
+    out = torch.empty(T, hv, D, dtype=torch.bfloat16)
+    alpha = torch.exp(g)
+    prepared = []
+
+    def prepare(q_, k_, v_, g_, beta_, pool_, slots_, has_init_, cu_, out_):
+        prepared.append(pool_)
+        return q_, k_, v_, alpha, beta_, cu_, slots_
+
+    monkeypatch.setattr(PREPARE, "prepare", prepare)
+    pool = torch.randn(8, hv, D, D)
+    wide = torch.randn(8, hv, D, D + 4)[..., :D]  # padded rows: other inner strides
+    has_init = torch.ones(2, dtype=torch.bool)
+    for p in (pool, pool, wide, wide):
+        got_out, got_pool = P.gdn_prefill_pool_flashinfer_direct(q, k, v, g, beta, p, slots, has_init, cu, out, None)
+        assert got_out is out and got_pool is p
+    assert [c[0] for c in calls] == ["entry", "compiled", "entry", "compiled"]
+    assert [kw["state_inner_strides"] for kw in keys] == [pool.stride()[1:], wide.stride()[1:]]
+    assert all(kw["use_state_indices"] and kw["state_indices_dtype"] == torch.int32
+               and kw["init_state_inner_strides"] == kw["state_inner_strides"] for kw in keys)
+    entry, a = calls[0], calls[1][1]
+    assert entry[1][1] is pool and entry[1][5] is pool and entry[2]["state_indices"] is slots
+    assert entry[1][9] == pytest.approx(128 ** -0.5)  # scale None: 1/sqrt(head size)
+    assert a[6] is pool and a[7] is pool and a[8] is slots and a[12] is cu
+    assert a[14:22] == (hq, hq, hv, hv, 2, 1, 0, 2 * hv)
+    P.gdn_prefill_pool_flashinfer_direct(q, k, v, g, beta, pool, slots[:0], has_init[:0], cu[:1], out, None)
+    assert len(calls) == 4 and len(prepared) == 5  # prepared (fresh rows, output), nothing launched

@@ -44,7 +44,7 @@ HOSTILE_SEEDS = range(7)  # on a definition's first shape; its other shapes get 
 SANITIZED_BACKENDS = ("cuda", "triton")
 # library variants whose index handling is a kernel of ours in front of the library call (the library's
 # own kernels run under the tool with it)
-SANITIZED_LIBRARY = ("flashinfer_pool_inplace",)
+SANITIZED_LIBRARY = ("flashinfer_pool_inplace", "flashinfer_direct")
 
 
 def payload(only: list[str] | None = None) -> list[str]:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 HEADS = [(hq, hv) for hq, hv in PACKED_HEADS.values()]
 VARIANTS = ["cuda_prefill_pool_rows.k1c8", "cuda_prefill_pool_rows.k2c16", "cuda_prefill_pool_rows.k8c8",
-            "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace"]
+            "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace",
+            "flashinfer_direct"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 Q, K, V, G, BETA, POOL, IDX, INIT, CU, OUT = range(10)
 
@@ -116,7 +117,8 @@ def test_malformed_cu_seqlens_is_a_no_op(name, bad):
     assert torch.equal(pool, before)
 
 
-@pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace"])
+@pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill",
+                                  "flashinfer_pool_inplace", "flashinfer_direct"])
 @pytest.mark.parametrize("hq,hv", HEADS)
 def test_in_a_graph(hq, hv, name):
     v = runnable(hq, hv, name)
