@@ -8,19 +8,20 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T13:52:41Z
-# workloads   132 on each of 2 devices (workload-set digest e15c2799ca2fa41f)
+# measured    up to 2026-11-29T22:17:53Z
+# workloads   132 on each of 2 devices (workload-set digest 0a43ec6698a623cf)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  225/234  0.26x  [9 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  228/234  0.34x  [6 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  227/234  0.33x  [7 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  227/234  0.32x  [7 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  242/244  0.48x  [2 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  241/244  0.55x  [3 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.66x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.14x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  118/127  0.27x  [9 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/127  0.35x  [6 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/127  0.34x  [7 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/127  0.33x  [7 screened out]
+#   flashinfer_direct               237a7bc69097936a  132/132  1.13x
+#   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.48x  [2 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  129/132  0.56x  [3 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.67x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.14x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -35,66 +36,50 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.75% mean, 63.41% max;
-#             1.060x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.10% mean, 141.78% max;
-#             1.181x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.60% mean, 323.06% max;
+#             1.032x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.04% mean, 123.96% max;
+#             1.590x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 3 and num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and 3 < num_seqs <= 11: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 317 and num_seqs > 24: cuda_prefill_pool_rows.k4c8, 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 319 and 11 < num_seqs <= 23: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   5. 3 < total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   6. 60 < total_seq_len <= 1980 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   7. 181 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   8. total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   9. total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 148 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   3. num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   4. 60 < total_seq_len <= 270 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   5. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 96 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   6. 270 < total_seq_len <= 1980 and num_seqs <= 3: flashinfer_direct, 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 48 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.52x (5.78x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 212 and num_seqs > 2: cuda_prefill_pool_rows.k2c8, 30 workloads, 2.23x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. 48 < total_seq_len <= 106 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.21x (3.97x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 200: triton_prefill_fused.c16v64, 8 workloads, 3.73x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   5. 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 200: triton_prefill_fused.c16v32, 2 workloads, 3.02x (2.91x .. 3.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   6. 212 < total_seq_len <= 268 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   7. 212 < total_seq_len <= 268 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.62x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   8. 268 < total_seq_len <= 724 and num_seqs > 250: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.61x (1.37x .. 1.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 268 and 2 < num_seqs <= 135: vllm_flashinfer_prefill (baseline), 128 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 268 and 135 < num_seqs <= 250: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.50x (1.33x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   11. 362 < total_seq_len <= 607 and num_seqs <= 2: triton_prefill_fused.c16v32, 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   12. 607 < total_seq_len <= 9950 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
-#   13. total_seq_len > 724 and num_seqs > 250: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   14. total_seq_len > 10809 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 212 and num_seqs <= 2 and mean_seq_len > 10: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.29x (4.67x .. 7.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 212 and mean_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 13 workloads, 3.01x (1.86x .. 8.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 10: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.61x (1.79x .. 3.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. 212 < total_seq_len <= 268 and num_seqs <= 10: flashinfer_direct, 7 workloads, 2.89x (1.80x .. 4.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   5. 212 < total_seq_len <= 268 and num_seqs > 10: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.06x (1.57x .. 2.49x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   6. 268 < total_seq_len <= 13261 and mean_seq_len > 1171: flashinfer_direct, 5 workloads, 1.74x (1.37x .. 2.25x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 268 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.92x (1.74x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 268 and 3 < mean_seq_len <= 1171: flashinfer_direct, 83 workloads, 1.61x (1.17x .. 3.79x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 13261 and mean_seq_len > 1171: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 3)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 13, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (24, None), 'total_seq_len': (None, 317)}, 'workloads': 14, 'speedup': (1.17, 1.31, 1.49), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (11, 23), 'total_seq_len': (None, 319)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3, 60)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (60, 1980)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (181, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 8, 'speedup': (1.22, 1.39, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (319, None)}, 'workloads': 148, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (None, 91)}, 'workloads': 8, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None)}, 'workloads': 7, 'speedup': (1.26, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (60, 270)}, 'workloads': 7, 'speedup': (2.48, 3.01, 3.46), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 96, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (270, 1980)}, 'workloads': 7, 'speedup': (1.05, 1.68, 2.35), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 48)}, 'workloads': 7, 'speedup': (5.78, 7.52, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 30, 'speedup': (1.19, 2.23, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (48, 106)}, 'workloads': 3, 'speedup': (3.97, 4.21, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 200), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 8, 'speedup': (2.51, 3.73, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (200, None), 'num_seqs': (None, 2), 'total_seq_len': (106, 362)}, 'workloads': 2, 'speedup': (2.91, 3.02, 3.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 268)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 268)}, 'workloads': 12, 'speedup': (1.17, 1.62, 2.6), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (268, 724)}, 'workloads': 6, 'speedup': (1.37, 1.61, 1.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 135), 'total_seq_len': (268, None)}, 'workloads': 128, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, 250), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.33, 1.5, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (362, 607)}, 'workloads': 2, 'speedup': (2.16, 2.46, 2.81), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (607, 9950)}, 'workloads': 14, 'speedup': (1.34, 1.91, 2.6), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (250, None), 'total_seq_len': (724, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (10809, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 212)}, 'workloads': 6, 'speedup': (4.67, 6.29, 7.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 10), 'total_seq_len': (None, 212)}, 'workloads': 13, 'speedup': (1.86, 3.01, 8.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (2, None), 'total_seq_len': (None, 212)}, 'workloads': 6, 'speedup': (1.79, 2.61, 3.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 10), 'total_seq_len': (212, 268)}, 'workloads': 7, 'speedup': (1.8, 2.89, 4.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (10, None), 'total_seq_len': (212, 268)}, 'workloads': 6, 'speedup': (1.57, 2.06, 2.49), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1171, None), 'total_seq_len': (268, 13261)}, 'workloads': 5, 'speedup': (1.37, 1.74, 2.25), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.74, 1.92, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, 1171), 'total_seq_len': (268, None)}, 'workloads': 83, 'speedup': (1.17, 1.61, 3.79), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1171, None), 'total_seq_len': (13261, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -103,84 +88,60 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3 and num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 13 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 3 < num_seqs <= 11:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 14 workloads, 1.31x (1.17x .. 1.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 317 and num_seqs > 24:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 319 and 11 < num_seqs <= 23:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
-    if 3 < total_seq_len <= 60 and num_seqs <= 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-    if 60 < total_seq_len <= 1980 and num_seqs <= 3:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 181 < total_seq_len <= 319 and 3 < num_seqs <= 11:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 8 workloads, 1.39x (1.22x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 319 and num_seqs > 3 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 148 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 319 and num_seqs > 3 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 1: 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 60 and num_seqs <= 3:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 3: 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill
+    if num_seqs > 3 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill
+    if 60 < total_seq_len <= 270 and num_seqs <= 2:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 96 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill
+    if 270 < total_seq_len <= 1980 and num_seqs <= 3:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1980 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 7.52x (5.78x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 48 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 30 workloads, 2.23x (1.19x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 3 workloads, 4.21x (3.97x .. 4.40x) over vllm_flashinfer_prefill
-    if 48 < total_seq_len <= 106 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 8 workloads, 3.73x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len <= 200:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 2 workloads, 3.02x (2.91x .. 3.14x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 362 and num_seqs <= 2 and mean_seq_len > 200:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 212 < total_seq_len <= 268 and 2 < num_seqs <= 8:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 12 workloads, 1.62x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 268 and num_seqs > 8:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 6 workloads, 1.61x (1.37x .. 1.85x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 724 and num_seqs > 250:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 128 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and 2 < num_seqs <= 135:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.50x (1.33x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 268 and 135 < num_seqs <= 250:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 607 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
-    if 607 < total_seq_len <= 9950 and num_seqs <= 2:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 250:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 10809 and num_seqs <= 2:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 1: 6 workloads, 6.29x (4.67x .. 7.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs <= 2 and mean_seq_len > 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 13 workloads, 3.01x (1.86x .. 8.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and mean_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 6 workloads, 2.61x (1.79x .. 3.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 2 and mean_seq_len > 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 7 workloads, 2.89x (1.80x .. 4.07x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 268 and num_seqs <= 10:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 5: 6 workloads, 2.06x (1.57x .. 2.49x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 268 and num_seqs > 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 5 workloads, 1.74x (1.37x .. 2.25x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 13261 and mean_seq_len > 1171:
+        return 'flashinfer_direct'
+    # region 7: 4 workloads, 1.92x (1.74x .. 2.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 83 workloads, 1.61x (1.17x .. 3.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and 3 < mean_seq_len <= 1171:
+        return 'flashinfer_direct'
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 13261 and mean_seq_len > 1171:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -189,143 +150,129 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.67% mean, 71.64% max;
-#             1.058x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.27% mean, 83.92% max;
-#             1.244x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.95% mean, 57.55% max;
+#             1.098x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.40% mean, 63.48% max;
+#             1.716x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   8. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   9. total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   10. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-#   12. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
-#   13. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 28 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   14. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   15. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-#   17. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   18. num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   19. num_seqs > 8 and mean_seq_len > 7: vllm_flashinfer_prefill (baseline), 100 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   20. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   21. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   22. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   23. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-#   24. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   27. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   28. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   29. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   30. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   7. total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   8. total_seq_len <= 724 and num_seqs > 3 and 2 < mean_seq_len <= 7 and max_seq_len > 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   10. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   13. 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   14. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   15. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   16. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. num_seqs > 8 and mean_seq_len > 7: vllm_flashinfer_prefill (baseline), 56 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   18. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   19. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   21. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+#   22. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   25. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   26. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   27. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   28. 3821 < total_seq_len <= 5792 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   29. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 41 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 106 and num_seqs <= 1 and mean_seq_len > 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.66x (4.38x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 106 and num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 6 workloads, 7.54x (5.78x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 106 and 1 < num_seqs <= 2 and mean_seq_len > 28 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 2 workloads, 4.18x (3.97x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.78x (1.35x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.01x (1.49x .. 2.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   8. total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.64x (1.60x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 361: triton_prefill_fused.c16v32, 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   10. 41 < total_seq_len <= 789 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 27 workloads, 2.17x (1.44x .. 4.28x) over vllm_flashinfer_prefill
-#   11. 90 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.07x (1.47x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   12. total_seq_len > 106 and num_seqs <= 2 and max_seq_len <= 212: triton_prefill_fused.c16v64, 6 workloads, 3.93x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   13. total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361: triton_prefill_fused.c16v32, 4 workloads, 3.14x (2.91x .. 3.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. 181 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43: triton_prefill_fused.c16v64, 2 workloads, 1.47x (1.42x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   15. 181 < total_seq_len <= 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   16. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 22 and max_seq_len > 71: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.25x (1.15x .. 1.64x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 45 and 43 < max_seq_len <= 71: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   18. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 22 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 89 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 45 and 43 < max_seq_len <= 71: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   20. total_seq_len > 181 and num_seqs > 38 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.52x (1.46x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   21. total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and 75 < max_seq_len <= 443: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   22. total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and max_seq_len > 443: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   23. total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 12 and 43 < max_seq_len <= 75: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.12x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   24. total_seq_len > 181 and num_seqs > 38 and mean_seq_len > 6 and max_seq_len > 75: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   25. 724 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
-#   26. 789 < total_seq_len <= 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43: triton_prefill_fused.c16v64, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 789 and 2 < num_seqs <= 48 and mean_seq_len > 11 and max_seq_len <= 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   28. total_seq_len > 789 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.43x (1.29x .. 1.61x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 789 and num_seqs > 48 and mean_seq_len > 11 and max_seq_len <= 29: triton_prefill_fused.c16v64, 2 workloads, 1.16x (1.08x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 789 and num_seqs > 181 and 29 < max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. total_seq_len > 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   32. total_seq_len > 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 45 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 8.14x (8.14x .. 8.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and mean_seq_len <= 2 and 6 < max_seq_len <= 44: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 45 and mean_seq_len > 2 and 8 < max_seq_len <= 44: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.19x (7.07x .. 7.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and num_seqs <= 5 and 59 < max_seq_len <= 70: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.81x (6.81x .. 6.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and 44 < max_seq_len <= 59: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.63x (2.33x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and 70 < max_seq_len <= 116: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.65x (1.87x .. 5.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and max_seq_len > 116: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.67x (4.67x .. 4.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 181 and num_seqs > 5 and 59 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 362 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.94x (2.36x .. 3.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. 45 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.54x (2.48x .. 2.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   11. 45 < total_seq_len <= 362 and mean_seq_len <= 2 and 22 < max_seq_len <= 44: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   12. 45 < total_seq_len <= 362 and mean_seq_len > 2 and 8 < max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.87x (2.34x .. 3.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   13. 181 < total_seq_len <= 362 and num_seqs <= 22 and 44 < max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 2.19x (2.19x .. 2.19x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. 181 < total_seq_len <= 1920 and mean_seq_len <= 2 and max_seq_len > 64: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. 181 < total_seq_len <= 1920 and mean_seq_len > 2 and max_seq_len > 64: flashinfer_direct, 41 workloads, 2.03x (1.17x .. 4.07x) over vllm_flashinfer_prefill
+#   16. 181 < total_seq_len <= 1920 and 22 < num_seqs <= 90 and 44 < max_seq_len <= 64: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 181 < total_seq_len <= 1920 and num_seqs > 90 and 44 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   18. 362 < total_seq_len <= 1920 and num_seqs <= 22 and 44 < max_seq_len <= 64: flashinfer_direct, 2 workloads, 1.84x (1.84x .. 1.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   19. 362 < total_seq_len <= 1920 and mean_seq_len <= 11 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.87x (1.41x .. 2.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   20. 362 < total_seq_len <= 1920 and mean_seq_len > 11 and max_seq_len <= 44: flashinfer_direct, 5 workloads, 1.61x (1.42x .. 1.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   21. total_seq_len > 1920 and num_seqs <= 19 and mean_seq_len <= 5792 and 55 < max_seq_len <= 16378: flashinfer_direct, 22 workloads, 1.59x (1.22x .. 2.25x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 1920 and num_seqs <= 19 and mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. total_seq_len > 1920 and mean_seq_len <= 11 and max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.31x (1.29x .. 1.34x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   24. total_seq_len > 1920 and 11 < mean_seq_len <= 5792 and max_seq_len <= 55: flashinfer_direct, 2 workloads, 1.32x (1.23x .. 1.42x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 1920 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   26. total_seq_len > 1920 and num_seqs > 19 and mean_seq_len <= 5792 and 55 < max_seq_len <= 23080: flashinfer_direct, 19 workloads, 1.35x (1.19x .. 1.60x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 1920 and num_seqs > 19 and mean_seq_len <= 5792 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 2, 'speedup': (8.31, 8.6, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 53), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, 45), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.3, 1.37, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.16, 1.18, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 7, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.03, 1.04, 1.06), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 28, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 100, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 5, 'speedup': (4.76, 5.31, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 11, 'speedup': (1.32, 1.43, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 10, 'speedup': (1.12, 1.35, 1.6), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 27, 'speedup': (1.05, 2.25, 3.61), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.26, 1.31, 1.36), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.39, 1.4, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (133, 254), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 898), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, 1022), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1022, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 56, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 3, 'speedup': (4.83, 5.32, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 7, 'speedup': (1.39, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 5, 'speedup': (1.12, 1.38, 1.6), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (4.38, 5.66, 7.31), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (None, 28), 'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 6, 'speedup': (5.78, 7.54, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (28, None), 'num_seqs': (1, 2), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (3.97, 4.18, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.35, 1.78, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (1.49, 2.01, 2.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.6, 1.64, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (2.16, 2.46, 2.81), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (2, 22), 'num_seqs': (2, None), 'total_seq_len': (41, 789)}, 'workloads': 27, 'speedup': (1.44, 2.17, 4.28), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (90, 789)}, 'workloads': 8, 'speedup': (1.47, 2.07, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 212), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 6, 'speedup': (2.51, 3.93, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (212, 361), 'num_seqs': (None, 2), 'total_seq_len': (106, None)}, 'workloads': 4, 'speedup': (2.91, 3.14, 3.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (181, 789)}, 'workloads': 2, 'speedup': (1.42, 1.47, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 75), 'mean_seq_len': (12, None), 'num_seqs': (38, None), 'total_seq_len': (181, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 22), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 5, 'speedup': (1.15, 1.25, 1.64), 'fallbacks': ()},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (None, 45), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (22, None), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 89, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 71), 'mean_seq_len': (45, None), 'num_seqs': (2, 38), 'total_seq_len': (181, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.46, 1.52, 1.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (75, 443), 'mean_seq_len': (2, 6), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.29, 1.4, 1.52), 'fallbacks': (), 'hand_back': True},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (443, None), 'mean_seq_len': (2, 6), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 75), 'mean_seq_len': (2, 12), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (75, None), 'mean_seq_len': (6, None), 'num_seqs': (38, None), 'total_seq_len': (181, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (724, 11585)}, 'workloads': 14, 'speedup': (1.34, 1.91, 2.6), 'fallbacks': ()},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (29, 43), 'num_seqs': (2, 181), 'total_seq_len': (789, 1448)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (11, None), 'num_seqs': (2, 48), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (789, None)}, 'workloads': 8, 'speedup': (1.29, 1.43, 1.61), 'fallbacks': ()},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (11, None), 'num_seqs': (48, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.08, 1.16, 1.23), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 43), 'num_seqs': (181, None), 'total_seq_len': (789, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 43), 'num_seqs': (2, 181), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, 75), 'mean_seq_len': (12, None), 'num_seqs': (38, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (8.14, 8.14, 8.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 44), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 44), 'mean_seq_len': (2, None), 'total_seq_len': (None, 45)}, 'workloads': 3, 'speedup': (7.07, 7.19, 7.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 70), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (6.81, 6.81, 6.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (44, 59), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.33, 2.63, 2.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, 116), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.87, 2.65, 5.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (116, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.67, 4.67, 4.67), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (59, 70), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.36, 2.36, 2.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'total_seq_len': (None, 362)}, 'workloads': 5, 'speedup': (2.36, 2.94, 3.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'total_seq_len': (45, 362)}, 'workloads': 2, 'speedup': (2.48, 2.54, 2.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 44), 'mean_seq_len': (None, 2), 'total_seq_len': (45, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 44), 'mean_seq_len': (2, None), 'total_seq_len': (45, 362)}, 'workloads': 9, 'speedup': (2.34, 2.87, 3.53), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 64), 'num_seqs': (None, 22), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.19, 2.19, 2.19), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 1920)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (2, None), 'total_seq_len': (181, 1920)}, 'workloads': 41, 'speedup': (1.17, 2.03, 4.07), 'fallbacks': ()},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 64), 'num_seqs': (22, 90), 'total_seq_len': (181, 1920)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (44, 64), 'num_seqs': (90, None), 'total_seq_len': (181, 1920)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 64), 'num_seqs': (None, 22), 'total_seq_len': (362, 1920)}, 'workloads': 2, 'speedup': (1.84, 1.84, 1.85), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (None, 11), 'total_seq_len': (362, 1920)}, 'workloads': 8, 'speedup': (1.41, 1.87, 2.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (11, None), 'total_seq_len': (362, 1920)}, 'workloads': 5, 'speedup': (1.42, 1.61, 1.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (55, 16378), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 19), 'total_seq_len': (1920, None)}, 'workloads': 22, 'speedup': (1.22, 1.59, 2.25), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 19), 'total_seq_len': (1920, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 55), 'mean_seq_len': (None, 11), 'total_seq_len': (1920, None)}, 'workloads': 2, 'speedup': (1.29, 1.31, 1.34), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 55), 'mean_seq_len': (11, 5792), 'total_seq_len': (1920, None)}, 'workloads': 2, 'speedup': (1.23, 1.32, 1.42), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'total_seq_len': (1920, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (55, 23080), 'mean_seq_len': (None, 5792), 'num_seqs': (19, None), 'total_seq_len': (1920, None)}, 'workloads': 19, 'speedup': (1.19, 1.35, 1.6), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'mean_seq_len': (None, 5792), 'num_seqs': (19, None), 'total_seq_len': (1920, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -334,216 +281,172 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 8.60x (8.31x .. 8.91x) over vllm_flashinfer_prefill
+    # region 1: 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 2 and num_seqs <= 1:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 11 and 1 < num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43:
+    if total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and 43 < max_seq_len <= 53:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 724 and 3 < num_seqs <= 45 and mean_seq_len <= 7 and max_seq_len > 53:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 4 workloads, 1.37x (1.30x .. 1.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len > 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 2 workloads, 1.18x (1.16x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 4 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 7 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 4 workloads, 1.04x (1.03x .. 1.06x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 28 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 4 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 3 and mean_seq_len <= 2 and 10 < max_seq_len <= 43:
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 19: 100 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 3 and 2 < mean_seq_len <= 7 and max_seq_len > 43:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 133 < max_seq_len <= 254:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 254 < max_seq_len <= 898:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 898 < max_seq_len <= 1022:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 1022:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 56 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 8 and mean_seq_len > 7:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 5 workloads, 5.31x (4.76x .. 6.37x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill
     if 2 < total_seq_len <= 45 and num_seqs <= 1:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
     if 11 < total_seq_len <= 45 and 1 < num_seqs <= 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 11 workloads, 1.43x (1.32x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 4:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 10 workloads, 1.35x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 4 < max_seq_len <= 10:
+    # region 21: 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 27 workloads, 2.25x (1.05x .. 3.61x) over vllm_flashinfer_prefill
+    # region 22: 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 2314 and num_seqs <= 3:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 4 workloads, 1.31x (1.26x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 10 < max_seq_len <= 43:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 71:
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83:
         return 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 71:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
     if 3821 < total_seq_len <= 5792 and num_seqs <= 3:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 1 workloads, 8.14x (8.14x .. 8.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 2 workloads, 5.66x (4.38x .. 7.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 1 and mean_seq_len > 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 6 workloads, 7.54x (5.78x .. 9.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 2 and mean_seq_len <= 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 2 workloads, 4.18x (3.97x .. 4.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and 1 < num_seqs <= 2 and mean_seq_len > 28 and max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 6 workloads, 1.78x (1.35x .. 2.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len <= 22 and max_seq_len > 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 4 workloads, 2.01x (1.49x .. 2.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 1.64x (1.60x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len > 43:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 2 workloads, 2.46x (2.16x .. 2.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs <= 2 and max_seq_len > 361:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 27 workloads, 2.17x (1.44x .. 4.28x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 789 and num_seqs > 2 and 2 < mean_seq_len <= 22 and max_seq_len <= 43:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 8 workloads, 2.07x (1.47x .. 3.82x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 6 workloads, 3.93x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if total_seq_len > 106 and num_seqs <= 2 and max_seq_len <= 212:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 13: 4 workloads, 3.14x (2.91x .. 3.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 106 and num_seqs <= 2 and 212 < max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 2 workloads, 1.47x (1.42x .. 1.52x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 789 and num_seqs > 2 and mean_seq_len > 22 and max_seq_len <= 43:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75:
-        return 'triton_prefill_fused.c16v64'
-    # region 16: 5 workloads, 1.25x (1.15x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 22 and max_seq_len > 71:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len <= 45 and 43 < max_seq_len <= 71:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 89 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 22 and max_seq_len > 71:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and 2 < num_seqs <= 38 and mean_seq_len > 45 and 43 < max_seq_len <= 71:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 2 workloads, 1.52x (1.46x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 38 and mean_seq_len <= 2 and max_seq_len > 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 2 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and 75 < max_seq_len <= 443:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and max_seq_len > 443:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 2 workloads, 1.13x (1.12x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 12 and 43 < max_seq_len <= 75:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 30 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 38 and mean_seq_len > 6 and max_seq_len > 75:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 14 workloads, 1.91x (1.34x .. 2.60x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 361:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
-    if 789 < total_seq_len <= 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 789 and 2 < num_seqs <= 48 and mean_seq_len > 11 and max_seq_len <= 29:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 8 workloads, 1.43x (1.29x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 789 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 29:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 2 workloads, 1.16x (1.08x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 789 and num_seqs > 48 and mean_seq_len > 11 and max_seq_len <= 29:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 789 and num_seqs > 181 and 29 < max_seq_len <= 43:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 2 < num_seqs <= 181 and 29 < max_seq_len <= 43:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 361:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len <= 45 and mean_seq_len <= 2 and 6 < max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 3 workloads, 7.19x (7.07x .. 7.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len > 2 and 8 < max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 1 workloads, 6.81x (6.81x .. 6.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 5 and 59 < max_seq_len <= 70:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 2.63x (2.33x .. 2.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 44 < max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 3 workloads, 2.65x (1.87x .. 5.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 70 < max_seq_len <= 116:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 4.67x (4.67x .. 4.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and max_seq_len > 116:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 5 and 59 < max_seq_len <= 70:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 5 workloads, 2.94x (2.36x .. 3.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len > 2 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 2 workloads, 2.54x (2.48x .. 2.61x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 45 < total_seq_len <= 362 and mean_seq_len <= 2 and 22 < max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 9 workloads, 2.87x (2.34x .. 3.53x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and mean_seq_len > 2 and 8 < max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 1 workloads, 2.19x (2.19x .. 2.19x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and num_seqs <= 22 and 44 < max_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1920 and mean_seq_len <= 2 and max_seq_len > 64:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 41 workloads, 2.03x (1.17x .. 4.07x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1920 and mean_seq_len > 2 and max_seq_len > 64:
+        return 'flashinfer_direct'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 1920 and 22 < num_seqs <= 90 and 44 < max_seq_len <= 64:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 1920 and num_seqs > 90 and 44 < max_seq_len <= 64:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 2 workloads, 1.84x (1.84x .. 1.85x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1920 and num_seqs <= 22 and 44 < max_seq_len <= 64:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 19: 8 workloads, 1.87x (1.41x .. 2.14x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1920 and mean_seq_len <= 11 and max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 5 workloads, 1.61x (1.42x .. 1.86x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 1920 and mean_seq_len > 11 and max_seq_len <= 44:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
+    # region 21: 22 workloads, 1.59x (1.22x .. 2.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 1920 and num_seqs <= 19 and mean_seq_len <= 5792 and 55 < max_seq_len <= 16378:
+        return 'flashinfer_direct'
+    # region 23: 2 workloads, 1.31x (1.29x .. 1.34x) over vllm_flashinfer_prefill
+    if total_seq_len > 1920 and mean_seq_len <= 11 and max_seq_len <= 55:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 2 workloads, 1.32x (1.23x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 1920 and 11 < mean_seq_len <= 5792 and max_seq_len <= 55:
+        return 'flashinfer_direct'
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1920 and mean_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 19 workloads, 1.35x (1.19x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 1920 and num_seqs > 19 and mean_seq_len <= 5792 and 55 < max_seq_len <= 23080:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 45 and 2 < mean_seq_len <= 7 and max_seq_len > 43:  # region 9
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 181 < total_seq_len <= 1448 and num_seqs > 38 and mean_seq_len > 12 and 43 < max_seq_len <= 75:  # region 15
-        return True
-    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 6 and 75 < max_seq_len <= 443:  # region 21
-        return True
-    if total_seq_len > 181 and num_seqs > 38 and 2 < mean_seq_len <= 12 and 43 < max_seq_len <= 75:  # region 23
-        return True
-    if total_seq_len > 789 and num_seqs > 48 and mean_seq_len > 11 and max_seq_len <= 29:  # region 29
-        return True
-    return False

@@ -8,19 +8,20 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T13:50:50Z
-# workloads   132 on each of 2 devices (workload-set digest aa0484f75771c2f5)
+# measured    up to 2026-11-29T22:10:49Z
+# workloads   132 on each of 2 devices (workload-set digest e9dd743e34bc8675)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  227/232  0.58x  [5 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  226/232  0.46x  [6 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  228/232  0.52x  [4 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  228/232  0.59x  [4 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  244/244  0.99x
-#   triton_prefill_fused.c16v32     49496897c400beaa  244/244  0.97x
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.96x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.61x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  121/126  0.60x  [5 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.48x  [6 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  122/126  0.53x  [4 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.60x  [4 screened out]
+#   flashinfer_direct               237a7bc69097936a  130/132  1.68x  [2 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.98x
+#   triton_prefill_fused.c16v32     49496897c400beaa  132/132  0.98x
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.98x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.62x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -35,82 +36,60 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 23.61% mean, 340.01% max;
-#             1.198x over the baseline; 10 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 41.30% mean, 298.11% max;
-#             1.749x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 24.23% mean, 332.35% max;
+#             1.226x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.33% mean, 243.85% max;
+#             2.265x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 8 workloads, 5.60x (1.50x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 30 and num_seqs <= 31 and 8 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 2 workloads, 6.19x (6.19x .. 6.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1448 and num_seqs <= 5 and 419 < mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   4. total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90: triton_prefill_chunked.v64, 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-#   7. num_seqs <= 5 and 90 < mean_seq_len <= 419: vllm_flashinfer_prefill.cp_off, 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   8. 5 < num_seqs <= 14 and 90 < mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.63x (1.24x .. 4.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   9. 5 < num_seqs <= 14 and mean_seq_len > 245: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. 31 < num_seqs <= 169 and mean_seq_len <= 30: vllm_flashinfer_prefill.cp_off, 31 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   11. 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   12. 30 < total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   13. total_seq_len > 68 and num_seqs <= 31 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-#   14. total_seq_len > 1448 and num_seqs <= 5 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   15. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   16. total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   3. total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9: triton_prefill_fused.c16v32, 7 workloads, 3.72x (2.12x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   4. 18 < total_seq_len <= 90 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   5. 64 < total_seq_len <= 754 and num_seqs > 1 and mean_seq_len <= 9: vllm_flashinfer_prefill.cp_off, 18 workloads, 1.40x (1.05x .. 5.42x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   6. 90 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_chunked.v64
+#   7. 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 9: vllm_flashinfer_prefill.cp_off, 23 workloads, 2.58x (1.05x .. 5.69x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. 803 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 161: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.76x (1.06x .. 2.94x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_chunked.v64
+#   10. total_seq_len > 803 and 1 < num_seqs <= 22 and mean_seq_len <= 161: triton_prefill_chunked.v64, 10 workloads, 1.98x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 803 and num_seqs > 22 and mean_seq_len <= 161: vllm_flashinfer_prefill (baseline), 27 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   12. total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 161: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 9 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 4 workloads, 9.54x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 362 and 90 < mean_seq_len <= 200: cuda_prefill_pool_rows.k16c8, 10 workloads, 3.83x (2.24x .. 4.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 362 and mean_seq_len > 200: triton_prefill_fused.c16v64, 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   4. 9 < total_seq_len <= 30 and mean_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 6 workloads, 7.31x (3.64x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. 30 < total_seq_len <= 125 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 14 workloads, 5.04x (2.01x .. 7.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. 125 < total_seq_len <= 264 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 36 workloads, 3.91x (1.18x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. total_seq_len > 264 and num_seqs <= 22 and 21 < mean_seq_len <= 90: triton_prefill_fused.c16v32, 20 workloads, 4.07x (2.36x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   8. total_seq_len > 264 and mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. total_seq_len > 264 and 11 < mean_seq_len <= 21: triton_prefill_fused.c16v32, 9 workloads, 1.94x (1.21x .. 3.57x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 264 and num_seqs > 22 and 21 < mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   11. 362 < total_seq_len <= 1874 and 90 < mean_seq_len <= 613: triton_prefill_fused.c16v32, 32 workloads, 3.40x (2.06x .. 6.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   12. 362 < total_seq_len <= 1874 and mean_seq_len > 613: triton_prefill_chunked.v64, 2 workloads, 2.63x (2.18x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. 1874 < total_seq_len <= 4089 and mean_seq_len > 90: triton_prefill_chunked.v64, 22 workloads, 2.35x (1.26x .. 12.35x) over vllm_flashinfer_prefill
-#   14. 4089 < total_seq_len <= 9553 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 29 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   15. 9553 < total_seq_len <= 16830 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.55x (1.14x .. 1.88x) over vllm_flashinfer_prefill
-#   16. total_seq_len > 16830 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 213 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.09x (2.59x .. 8.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   2. total_seq_len <= 374 and num_seqs <= 10 and 2 < mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 21 workloads, 5.73x (3.40x .. 9.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 374 and num_seqs > 10 and 2 < mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.91x (1.57x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. num_seqs <= 11 and 419 < mean_seq_len <= 1448: flashinfer_direct, 11 workloads, 2.62x (1.25x .. 3.51x) over vllm_flashinfer_prefill
+#   5. num_seqs <= 11 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. num_seqs > 11 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   7. total_seq_len > 213 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.39x (1.46x .. 3.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   8. 374 < total_seq_len <= 581 and 2 < mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 15 workloads, 3.25x (1.12x .. 6.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 581 and 2 < mean_seq_len <= 419: flashinfer_direct, 51 workloads, 2.13x (1.15x .. 4.19x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 31), 'total_seq_len': (None, 30)}, 'workloads': 8, 'speedup': (1.5, 5.6, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (8, 90), 'num_seqs': (None, 31), 'total_seq_len': (None, 30)}, 'workloads': 2, 'speedup': (6.19, 6.19, 6.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (419, 724), 'num_seqs': (None, 5), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.06, 1.34, 1.63), 'fallbacks': ('triton_prefill_chunked.v64',), 'hand_back': True},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (None, 1448)}, 'workloads': 14, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (None, 3330)}, 'workloads': 6, 'speedup': (1.22, 2.01, 2.81), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 419), 'num_seqs': (None, 5)}, 'workloads': 28, 'speedup': (1.06, 2.11, 3.05), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, 245), 'num_seqs': (5, 14)}, 'workloads': 10, 'speedup': (1.24, 2.63, 4.4), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, None), 'num_seqs': (5, 14)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (31, 169)}, 'workloads': 31, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, 90), 'num_seqs': (31, 169)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (30, 68)}, 'workloads': 10, 'speedup': (2.85, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 31), 'total_seq_len': (68, None)}, 'workloads': 46, 'speedup': (1.14, 3.4, 5.83), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (None, 5), 'total_seq_len': (1448, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (169, None), 'total_seq_len': (1448, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (14, None), 'total_seq_len': (3417, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 18)}, 'workloads': 2, 'speedup': (5.29, 6.87, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.62, 5.1, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (1, None), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.12, 3.72, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (18, 90)}, 'workloads': 2, 'speedup': (2.85, 3.56, 4.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (64, 754)}, 'workloads': 18, 'speedup': (1.05, 1.4, 5.42), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (90, 724)}, 'workloads': 4, 'speedup': (1.45, 2.02, 2.74), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (1, None), 'total_seq_len': (181, 803)}, 'workloads': 23, 'speedup': (1.05, 2.58, 5.69), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (161, None), 'num_seqs': (1, None), 'total_seq_len': (803, 1874)}, 'workloads': 8, 'speedup': (1.06, 1.76, 2.94), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (1, 22), 'total_seq_len': (803, None)}, 'workloads': 10, 'speedup': (1.22, 1.98, 2.81), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (22, None), 'total_seq_len': (803, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (161, None), 'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (None, 9)}, 'workloads': 4, 'speedup': (6.79, 9.54, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (90, 200), 'total_seq_len': (None, 362)}, 'workloads': 10, 'speedup': (2.24, 3.83, 4.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (200, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (3.02, 3.19, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (9, 30)}, 'workloads': 6, 'speedup': (3.64, 7.31, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (30, 125)}, 'workloads': 14, 'speedup': (2.01, 5.04, 7.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (125, 264)}, 'workloads': 36, 'speedup': (1.18, 3.91, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (21, 90), 'num_seqs': (None, 22), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (2.36, 4.07, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (264, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (11, 21), 'total_seq_len': (264, None)}, 'workloads': 9, 'speedup': (1.21, 1.94, 3.57), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, 90), 'num_seqs': (22, None), 'total_seq_len': (264, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 613), 'total_seq_len': (362, 1874)}, 'workloads': 32, 'speedup': (2.06, 3.4, 6.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (613, None), 'total_seq_len': (362, 1874)}, 'workloads': 2, 'speedup': (2.18, 2.63, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (1874, 4089)}, 'workloads': 22, 'speedup': (1.26, 2.35, 12.35), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (4089, 9553)}, 'workloads': 29, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (9553, 16830)}, 'workloads': 4, 'speedup': (1.14, 1.55, 1.88), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'total_seq_len': (16830, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 213)}, 'workloads': 8, 'speedup': (2.59, 4.09, 8.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 419), 'num_seqs': (None, 10), 'total_seq_len': (None, 374)}, 'workloads': 21, 'speedup': (3.4, 5.73, 9.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, 419), 'num_seqs': (10, None), 'total_seq_len': (None, 374)}, 'workloads': 12, 'speedup': (1.57, 4.91, 9.51), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (None, 11)}, 'workloads': 11, 'speedup': (1.25, 2.62, 3.51), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'num_seqs': (None, 11)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (213, None)}, 'workloads': 4, 'speedup': (1.46, 2.39, 3.07), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 419), 'total_seq_len': (374, 581)}, 'workloads': 15, 'speedup': (1.12, 3.25, 6.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, 419), 'total_seq_len': (581, None)}, 'workloads': 51, 'speedup': (1.15, 2.13, 4.19), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -119,53 +98,41 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 5.60x (1.50x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 30 and num_seqs <= 31 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 6.19x (6.19x .. 6.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 30 and num_seqs <= 31 and 8 < mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 8 workloads, 1.34x (1.06x .. 1.63x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 1448 and num_seqs <= 5 and 419 < mean_seq_len <= 724:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs <= 5 and mean_seq_len > 724:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 14 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 6 workloads, 2.01x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3330 and num_seqs > 14 and mean_seq_len > 90:
-        return 'triton_prefill_chunked.v64'
-    # region 7: 28 workloads, 2.11x (1.06x .. 3.05x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 90 < mean_seq_len <= 419:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 10 workloads, 2.63x (1.24x .. 4.40x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 14 and 90 < mean_seq_len <= 245:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if 5 < num_seqs <= 14 and mean_seq_len > 245:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 31 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if 31 < num_seqs <= 169 and mean_seq_len <= 30:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if 31 < num_seqs <= 169 and 30 < mean_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 10 workloads, 4.53x (2.85x .. 7.36x) over vllm_flashinfer_prefill
-    if 30 < total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 46 workloads, 3.40x (1.14x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 68 and num_seqs <= 31 and mean_seq_len <= 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 18 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs <= 5 and mean_seq_len > 419:
+    # region 1: 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 18 and num_seqs <= 1:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 7 workloads, 3.72x (2.12x .. 6.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill
+    if 18 < total_seq_len <= 90 and num_seqs <= 1:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 18 workloads, 1.40x (1.05x .. 5.42x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 754 and num_seqs > 1 and mean_seq_len <= 9:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 724 and num_seqs <= 1:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 23 workloads, 2.58x (1.05x .. 5.69x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 9:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 25 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3417 and num_seqs > 14 and mean_seq_len > 90:
+    # region 9: 8 workloads, 1.76x (1.06x .. 2.94x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 161:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 10 workloads, 1.98x (1.22x .. 2.81x) over vllm_flashinfer_prefill
+    if total_seq_len > 803 and 1 < num_seqs <= 22 and mean_seq_len <= 161:
+        return 'triton_prefill_chunked.v64'
+    # region 11: 27 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 803 and num_seqs > 22 and mean_seq_len <= 161:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 161:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -173,62 +140,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 9.54x (6.79x .. 20.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 9 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 3.83x (2.24x .. 4.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 90 < mean_seq_len <= 200:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and mean_seq_len > 200:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 4: 6 workloads, 7.31x (3.64x .. 14.63x) over vllm_flashinfer_prefill
-    if 9 < total_seq_len <= 30 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 14 workloads, 5.04x (2.01x .. 7.73x) over vllm_flashinfer_prefill
-    if 30 < total_seq_len <= 125 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 36 workloads, 3.91x (1.18x .. 9.95x) over vllm_flashinfer_prefill
-    if 125 < total_seq_len <= 264 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 20 workloads, 4.07x (2.36x .. 6.75x) over vllm_flashinfer_prefill
-    if total_seq_len > 264 and num_seqs <= 22 and 21 < mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 26 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 264 and mean_seq_len <= 11:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 9 workloads, 1.94x (1.21x .. 3.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 264 and 11 < mean_seq_len <= 21:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 264 and num_seqs > 22 and 21 < mean_seq_len <= 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 32 workloads, 3.40x (2.06x .. 6.74x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1874 and 90 < mean_seq_len <= 613:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 2 workloads, 2.63x (2.18x .. 3.17x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1874 and mean_seq_len > 613:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 13: 22 workloads, 2.35x (1.26x .. 12.35x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 4089 and mean_seq_len > 90:
-        return 'triton_prefill_chunked.v64'
-    # region 14: 29 workloads, the baseline; its stand-ins where it cannot run here
-    if 4089 < total_seq_len <= 9553 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 4 workloads, 1.55x (1.14x .. 1.88x) over vllm_flashinfer_prefill
-    if 9553 < total_seq_len <= 16830 and mean_seq_len > 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 16830 and mean_seq_len > 90:
+    # region 1: 8 workloads, 4.09x (2.59x .. 8.57x) over vllm_flashinfer_prefill
+    if total_seq_len <= 213 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 21 workloads, 5.73x (3.40x .. 9.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 10 and 2 < mean_seq_len <= 419:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 12 workloads, 4.91x (1.57x .. 9.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs > 10 and 2 < mean_seq_len <= 419:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 11 workloads, 2.62x (1.25x .. 3.51x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and 419 < mean_seq_len <= 1448:
+        return 'flashinfer_direct'
+    # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 11 and mean_seq_len > 1448:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 11 and mean_seq_len > 419:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 4 workloads, 2.39x (1.46x .. 3.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 213 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 15 workloads, 3.25x (1.12x .. 6.54x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 581 and 2 < mean_seq_len <= 419:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 51 workloads, 2.13x (1.15x .. 4.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 581 and 2 < mean_seq_len <= 419:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 1448 and num_seqs <= 5 and 419 < mean_seq_len <= 724:  # region 3
-        return True
-    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -236,215 +175,173 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.25% mean, 73.88% max;
-#             1.354x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.25% mean, 168.94% max;
-#             2.240x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.77% mean, 69.71% max;
+#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.76% mean, 44.49% max;
+#             2.585x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 11 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.38x (8.91x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 24 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.24x (7.62x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 45 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and 7 < max_seq_len <= 45: triton_prefill_fused.c16v32, 7 workloads, 4.86x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 45: vllm_flashinfer_prefill.cp_off, 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
-#   6. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 14 < max_seq_len <= 22: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 22: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27: triton_prefill_fused.c16v64, 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   10. total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.07x (1.05x .. 1.10x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and 126 < max_seq_len <= 379: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   12. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len > 379: vllm_flashinfer_prefill (baseline), 0 workloads
-#   13. total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   14. total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and 22 < max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   15. 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.11x (1.09x .. 1.13x) over vllm_flashinfer_prefill
-#   16. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8
-#   17. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   18. 35 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.11x (1.08x .. 1.12x) over vllm_flashinfer_prefill
-#   19. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 16 workloads, 1.51x (1.27x .. 1.80x) over vllm_flashinfer_prefill
-#   20. num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   21. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 28: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. 11 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 24 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   25. 45 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   26. 72 < total_seq_len <= 1299 and num_seqs <= 11 and max_seq_len <= 35: triton_prefill_fused.c16v32, 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   27. 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len <= 724 and max_seq_len > 35: vllm_flashinfer_prefill.cp_off, 74 workloads, 2.45x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-#   28. 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len > 724 and max_seq_len > 35: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   29. 72 < total_seq_len <= 1299 and 11 < num_seqs <= 22 and max_seq_len <= 35: triton_prefill_fused.c16v64, 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   30. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
-#   31. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898: triton_prefill_chunked.v64, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   32. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17: triton_prefill_fused.c16v64, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   33. 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
-#   34. 1299 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444: triton_prefill_chunked.v64, 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   38. 1299 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.62x (1.08x .. 5.21x) over vllm_flashinfer_prefill
-#   39. 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   41. total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   42. total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-#   43. total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   44. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   45. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   47. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   48. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   51. total_seq_len > 9553 and num_seqs <= 22 and max_seq_len <= 2000: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.72x (1.70x .. 1.74x) over vllm_flashinfer_prefill
-#   52. total_seq_len > 9553 and num_seqs <= 22 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
+#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   6. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   8. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   11. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and 12 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 12 < max_seq_len <= 27: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   15. total_seq_len <= 72 and 21 < num_seqs <= 35 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   16. total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.10x (1.10x .. 1.11x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   17. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   18. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091: triton_prefill_chunked.v64, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   19. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   20. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   21. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+#   22. num_seqs > 79 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   23. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   25. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   26. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 22 and max_seq_len > 762: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.21x (1.06x .. 1.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_chunked.v64
+#   27. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 762: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   28. 72 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   29. total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 31 workloads, 2.44x (1.36x .. 4.19x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   30. total_seq_len > 72 and num_seqs <= 35 and mean_seq_len > 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   31. total_seq_len > 72 and 10 < num_seqs <= 35 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   32. total_seq_len > 72 and 10 < num_seqs <= 35 and 22 < max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 20 workloads, 2.42x (1.04x .. 5.83x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   33. total_seq_len > 181 and 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   34. total_seq_len > 181 and num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. 1448 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. 1448 < total_seq_len <= 5792 and num_seqs <= 35 and max_seq_len > 3452: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. 1448 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 35 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   40. total_seq_len > 1448 and num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.51x (1.08x .. 2.04x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   41. 2896 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   43. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   44. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   47. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   48. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   49. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   51. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   52. 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   53. 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
+#   54. total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   55. total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   56. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   57. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 862: vllm_flashinfer_prefill (baseline), 0 workloads
+#   58. total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   59. total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and 10 < num_seqs <= 51 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.42x (3.79x .. 7.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 45 and 10 < num_seqs <= 51 and 2 < max_seq_len <= 693: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 90 and num_seqs <= 10 and max_seq_len <= 68: cuda_prefill_pool_rows.k16c8, 15 workloads, 7.79x (5.57x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and 51 < num_seqs <= 90 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.13x (2.99x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. total_seq_len <= 181 and 51 < num_seqs <= 90 and 5 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.64x (3.08x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693: triton_prefill_fused.c16v64, 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.37x (2.22x .. 2.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. total_seq_len <= 374 and num_seqs <= 10 and 68 < max_seq_len <= 146: cuda_prefill_pool_rows.k16c8, 12 workloads, 4.84x (3.27x .. 6.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 754 and num_seqs > 90 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.55x (1.88x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   10. total_seq_len <= 754 and num_seqs > 90 and 12 < max_seq_len <= 49: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   11. total_seq_len <= 1448 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693: triton_prefill_chunked.v64, 7 workloads, 2.72x (1.25x .. 4.66x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462: triton_prefill_chunked.v64, 10 workloads, 2.32x (1.70x .. 3.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and 3462 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   14. total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len <= 16584 and num_seqs > 79 and 49 < max_seq_len <= 221: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.39x .. 1.66x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 16584 and num_seqs > 79 and 221 < max_seq_len <= 314: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   17. total_seq_len <= 16584 and num_seqs > 79 and 314 < max_seq_len <= 1355: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.22x (1.15x .. 1.31x) over vllm_flashinfer_prefill
-#   18. total_seq_len <= 16584 and num_seqs > 79 and max_seq_len > 1355: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   19. num_seqs <= 10 and mean_seq_len <= 245 and 146 < max_seq_len <= 693: triton_prefill_fused.c16v32, 20 workloads, 3.49x (2.40x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   20. 51 < num_seqs <= 79 and 125 < max_seq_len <= 339: triton_prefill_fused.c16v64, 4 workloads, 1.50x (1.35x .. 1.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   21. 51 < num_seqs <= 79 and 339 < max_seq_len <= 928: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. 51 < num_seqs <= 79 and 928 < max_seq_len <= 1356: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   23. 51 < num_seqs <= 79 and max_seq_len > 1356: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 3 workloads, 6.98x (6.74x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   25. 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and 10 < max_seq_len <= 693: cuda_prefill_pool_rows.k16c8, 10 workloads, 4.15x (2.01x .. 9.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   26. total_seq_len > 90 and num_seqs <= 10 and max_seq_len <= 68: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.12x (4.60x .. 7.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   27. 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.72x (2.26x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   28. 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and 9 < max_seq_len <= 49: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.71x (2.58x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   29. 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and max_seq_len <= 126: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.61x (1.92x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   30. 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and 126 < max_seq_len <= 693: triton_prefill_fused.c16v32, 9 workloads, 3.37x (1.37x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693: triton_prefill_fused.c16v32, 18 workloads, 3.11x (1.91x .. 6.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   32. total_seq_len > 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 80: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   33. total_seq_len > 362 and 51 < num_seqs <= 79 and 80 < max_seq_len <= 125: triton_prefill_fused.c16v32, 4 workloads, 2.06x (1.61x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   34. total_seq_len > 362 and 51 < num_seqs <= 90 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.56x (1.41x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   35. total_seq_len > 374 and num_seqs <= 10 and 68 < max_seq_len <= 146: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.06x (4.90x .. 7.71x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 754 and num_seqs > 90 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.52x (2.01x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   37. total_seq_len > 754 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 49: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   38. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and 693 < max_seq_len <= 1355: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   39. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 1355: triton_prefill_chunked.v64, 5 workloads, 2.13x (1.22x .. 3.23x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len <= 693: triton_prefill_fused.c16v64, 11 workloads, 2.71x (1.24x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   41. total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len > 362 and max_seq_len <= 693: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.22x (2.17x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   42. total_seq_len > 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.75x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   43. total_seq_len > 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   44. total_seq_len > 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 3462: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   45. total_seq_len > 16584 and 79 < num_seqs <= 181 and 49 < max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.46x (1.14x .. 1.88x) over vllm_flashinfer_prefill
-#   46. total_seq_len > 16584 and 79 < num_seqs <= 181 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   47. total_seq_len > 16584 and num_seqs > 181 and max_seq_len > 49: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 362 and num_seqs > 6 and 15 < max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.69x (6.10x .. 7.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 533 and num_seqs <= 6 and 15 < max_seq_len <= 238: cuda_prefill_pool_rows.k16c8, 18 workloads, 5.79x (4.06x .. 7.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 533 and num_seqs <= 6 and max_seq_len > 238: flashinfer_direct, 5 workloads, 3.62x (3.38x .. 3.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
+#   4. total_seq_len <= 533 and num_seqs <= 21 and max_seq_len <= 15: cuda_prefill_pool_rows.k8c8, 7 workloads, 8.55x (7.47x .. 10.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 533 and num_seqs > 6 and 27 < max_seq_len <= 179: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.23x (2.33x .. 7.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
+#   6. total_seq_len <= 533 and num_seqs > 6 and max_seq_len > 179: flashinfer_direct, 7 workloads, 2.36x (1.64x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 533 and num_seqs > 21 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 8 workloads, 3.22x (2.63x .. 4.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   8. 362 < total_seq_len <= 533 and num_seqs > 6 and 15 < max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.72x (2.72x .. 2.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   9. 533 < total_seq_len <= 1874 and num_seqs <= 90 and 45 < max_seq_len <= 113: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.29x (2.31x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. 533 < total_seq_len <= 1874 and num_seqs <= 90 and max_seq_len > 113: flashinfer_direct, 18 workloads, 3.07x (1.71x .. 4.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. 533 < total_seq_len <= 1874 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.67x (2.36x .. 3.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   12. 533 < total_seq_len <= 1874 and num_seqs > 90 and max_seq_len > 45: flashinfer_direct, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.11x (1.77x .. 2.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   14. 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len > 49: flashinfer_direct, 8 workloads, 1.64x (1.35x .. 1.96x) over vllm_flashinfer_prefill
+#   15. total_seq_len > 1874 and num_seqs <= 22 and max_seq_len <= 4095: flashinfer_direct, 17 workloads, 2.80x (1.98x .. 4.19x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len > 1874 and num_seqs <= 22 and 4095 < max_seq_len <= 6968: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 1874 and num_seqs <= 22 and max_seq_len > 6968: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   18. total_seq_len > 6835 and num_seqs > 22 and max_seq_len <= 16288: flashinfer_direct, 12 workloads, 1.45x (1.15x .. 1.78x) over vllm_flashinfer_prefill
+#   19. total_seq_len > 6835 and num_seqs > 22 and max_seq_len > 16288: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (None, 11)}, 'workloads': 2, 'speedup': (8.91, 9.38, 9.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (1, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 24)}, 'workloads': 4, 'speedup': (7.62, 8.24, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (7, 14), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 45), 'mean_seq_len': (2, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 7, 'speedup': (3.87, 4.86, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.13, 3.31, 3.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 22), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (7, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.21, 7.21, 7.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 90), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.05, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (126, 379), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (379, None), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (22, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90)}, 'workloads': 6, 'speedup': (1.09, 1.11, 1.13), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (35, 181)}, 'workloads': 12, 'speedup': (1.08, 1.11, 1.12), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 16, 'speedup': (1.27, 1.51, 1.8), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 28), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 2, 'speedup': (1.13, 1.13, 1.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (28, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 1), 'num_seqs': (None, 35), 'total_seq_len': (11, 72)}, 'workloads': 2, 'speedup': (1.8, 1.82, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (1, None), 'num_seqs': (None, 35), 'total_seq_len': (24, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 14), 'mean_seq_len': (None, 2), 'num_seqs': (None, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (None, 11), 'total_seq_len': (72, 1299)}, 'workloads': 2, 'speedup': (4.69, 4.75, 4.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 22), 'total_seq_len': (72, 1299)}, 'workloads': 74, 'speedup': (1.06, 2.45, 5.83), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 22), 'total_seq_len': (72, 1299)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (11, 22), 'total_seq_len': (72, 1299)}, 'workloads': 8, 'speedup': (5.81, 6.39, 7.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 898), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 31, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, 762), 'num_seqs': (22, 35), 'total_seq_len': (72, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.1, 1.15), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1299, 5792)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'mean_seq_len': (None, 181), 'num_seqs': (None, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 2, 'speedup': (1.21, 1.22, 1.23), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'mean_seq_len': (181, None), 'num_seqs': (None, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'mean_seq_len': (181, None), 'num_seqs': (11, 22), 'total_seq_len': (1299, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1444), 'num_seqs': (None, 22), 'total_seq_len': (1299, 9553)}, 'workloads': 22, 'speedup': (1.08, 2.62, 5.21), 'fallbacks': ()},
-    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 35), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (5, None), 'num_seqs': (35, None), 'total_seq_len': (1448, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 126), 'mean_seq_len': (5, None), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2563), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.52, 1.53, 1.53), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2000), 'num_seqs': (None, 22), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.7, 1.72, 1.74), 'fallbacks': ()},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (None, 22), 'total_seq_len': (9553, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (8.91, 8.96, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.13, 3.31, 3.5), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.79, 7.79, 7.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 18), 'mean_seq_len': (None, 2), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.1, 1.1, 1.11), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1091), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 8, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': (), 'hand_back': True},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 8, 'speedup': (1.27, 1.56, 1.8), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 1448)}, 'workloads': 4, 'speedup': (1.06, 1.21, 1.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 35), 'total_seq_len': (72, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 31, 'speedup': (1.36, 2.44, 4.19), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 35), 'total_seq_len': (72, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 35), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 35), 'total_seq_len': (72, None)}, 'workloads': 20, 'speedup': (1.04, 2.42, 5.83), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 35), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3452, None), 'num_seqs': (None, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, 3452), 'mean_seq_len': (181, None), 'num_seqs': (None, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 35), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.08, 1.51, 2.04), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 35), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64'), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 35), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 35), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 35), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (862, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (10, 51), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (3.79, 5.42, 7.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 693), 'num_seqs': (10, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 68), 'num_seqs': (None, 10), 'total_seq_len': (None, 90)}, 'workloads': 15, 'speedup': (5.57, 7.79, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.99, 3.13, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 49), 'num_seqs': (51, 90), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.08, 3.64, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (146, 693), 'mean_seq_len': (245, None), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (3.02, 3.19, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (49, 125), 'num_seqs': (51, 79), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.22, 2.37, 2.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (68, 146), 'num_seqs': (None, 10), 'total_seq_len': (None, 374)}, 'workloads': 12, 'speedup': (3.27, 4.84, 6.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'num_seqs': (90, None), 'total_seq_len': (None, 754)}, 'workloads': 6, 'speedup': (1.88, 2.55, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 49), 'num_seqs': (90, None), 'total_seq_len': (None, 754)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (693, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.25, 2.72, 4.66), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (693, 3462), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 3465)}, 'workloads': 10, 'speedup': (1.7, 2.32, 3.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3462, 5267), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 11585)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 221), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 4, 'speedup': (1.39, 1.53, 1.66), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, 314), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (314, 1355), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 2, 'speedup': (1.15, 1.22, 1.31), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (79, None), 'total_seq_len': (None, 16584)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (146, 693), 'mean_seq_len': (None, 245), 'num_seqs': (None, 10)}, 'workloads': 20, 'speedup': (2.4, 3.49, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 339), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.35, 1.5, 1.67), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (339, 928), 'num_seqs': (51, 79)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (928, 1356), 'num_seqs': (51, 79)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1356, None), 'num_seqs': (51, 79)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (10, 51), 'total_seq_len': (45, 181)}, 'workloads': 3, 'speedup': (6.74, 6.98, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 693), 'num_seqs': (10, 51), 'total_seq_len': (45, 181)}, 'workloads': 10, 'speedup': (2.01, 4.15, 9.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 68), 'num_seqs': (None, 10), 'total_seq_len': (90, None)}, 'workloads': 6, 'speedup': (4.6, 6.12, 7.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'num_seqs': (51, 90), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (2.26, 2.72, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 49), 'num_seqs': (51, 90), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (2.58, 2.71, 2.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 126), 'num_seqs': (10, 51), 'total_seq_len': (181, 1448)}, 'workloads': 12, 'speedup': (1.92, 4.61, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (126, 693), 'num_seqs': (10, 51), 'total_seq_len': (181, 1448)}, 'workloads': 9, 'speedup': (1.37, 3.37, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (146, 693), 'mean_seq_len': (245, None), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 18, 'speedup': (1.91, 3.11, 6.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 80), 'num_seqs': (51, 79), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (80, 125), 'num_seqs': (51, 79), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.61, 2.06, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (51, 90), 'total_seq_len': (362, None)}, 'workloads': 8, 'speedup': (1.41, 2.56, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (68, 146), 'num_seqs': (None, 10), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (4.9, 6.06, 7.71), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (90, None), 'total_seq_len': (754, None)}, 'workloads': 8, 'speedup': (2.01, 2.52, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (22, None), 'num_seqs': (90, None), 'total_seq_len': (754, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (693, 1355), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.9, 2.24, 2.64), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1355, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 5, 'speedup': (1.22, 2.13, 3.23), 'fallbacks': ()},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 693), 'mean_seq_len': (None, 362), 'num_seqs': (10, 51), 'total_seq_len': (1448, None)}, 'workloads': 11, 'speedup': (1.24, 2.71, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 693), 'mean_seq_len': (362, None), 'num_seqs': (10, 51), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.17, 2.22, 2.29), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (693, 3462), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (3465, None)}, 'workloads': 10, 'speedup': (1.4, 1.75, 3.5), 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (693, None), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3462, None), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (11585, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (49, 5792), 'num_seqs': (79, 181), 'total_seq_len': (16584, None)}, 'workloads': 2, 'speedup': (1.14, 1.46, 1.88), 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'num_seqs': (79, 181), 'total_seq_len': (16584, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (181, None), 'total_seq_len': (16584, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 27), 'num_seqs': (6, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (6.1, 6.69, 7.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 238), 'num_seqs': (None, 6), 'total_seq_len': (None, 533)}, 'workloads': 18, 'speedup': (4.06, 5.79, 7.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (238, None), 'num_seqs': (None, 6), 'total_seq_len': (None, 533)}, 'workloads': 5, 'speedup': (3.38, 3.62, 3.76), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 21), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (7.47, 8.55, 10.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 179), 'num_seqs': (6, None), 'total_seq_len': (None, 533)}, 'workloads': 12, 'speedup': (2.33, 4.23, 7.27), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (179, None), 'num_seqs': (6, None), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (1.64, 2.36, 3.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (21, None), 'total_seq_len': (None, 533)}, 'workloads': 8, 'speedup': (2.63, 3.22, 4.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 27), 'num_seqs': (6, None), 'total_seq_len': (362, 533)}, 'workloads': 1, 'speedup': (2.72, 2.72, 2.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 113), 'num_seqs': (None, 90), 'total_seq_len': (533, 1874)}, 'workloads': 2, 'speedup': (2.31, 3.29, 4.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (113, None), 'num_seqs': (None, 90), 'total_seq_len': (533, 1874)}, 'workloads': 18, 'speedup': (1.71, 3.07, 4.08), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'total_seq_len': (533, 1874)}, 'workloads': 5, 'speedup': (2.36, 2.67, 3.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (90, None), 'total_seq_len': (533, 1874)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (22, None), 'total_seq_len': (1874, 6835)}, 'workloads': 3, 'speedup': (1.77, 2.11, 2.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (22, None), 'total_seq_len': (1874, 6835)}, 'workloads': 8, 'speedup': (1.35, 1.64, 1.96), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4095), 'num_seqs': (None, 22), 'total_seq_len': (1874, None)}, 'workloads': 17, 'speedup': (1.98, 2.8, 4.19), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4095, 6968), 'num_seqs': (None, 22), 'total_seq_len': (1874, None)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (None, 22), 'total_seq_len': (1874, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 16288), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 12, 'speedup': (1.15, 1.45, 1.78), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16288, None), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -453,320 +350,251 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 9.38x (8.91x .. 9.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 8.24x (7.62x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 24 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 7 workloads, 4.86x (3.87x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and 7 < max_seq_len <= 45:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 2 and max_seq_len > 45:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 14 < max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 22:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 1 workloads, 7.21x (7.21x .. 7.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 7 < max_seq_len <= 27:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 4 workloads, 1.07x (1.05x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 35 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len > 126:
-        return 'vllm_flashinfer_prefill.cp_off'
+    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and 126 < max_seq_len <= 379:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and 22 < max_seq_len <= 126:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 6 workloads, 1.11x (1.09x .. 1.13x) over vllm_flashinfer_prefill
-    if 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and 12 < max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 13: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 12 < max_seq_len <= 27:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 21 < num_seqs <= 35 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 2 workloads, 1.10x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 5 and max_seq_len > 17:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 18: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:
+        return 'triton_prefill_chunked.v64'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
     if 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
     if 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 12 workloads, 1.11x (1.08x .. 1.12x) over vllm_flashinfer_prefill
-    if 35 < num_seqs <= 181 and mean_seq_len > 5 and max_seq_len <= 126:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 16 workloads, 1.51x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 21: 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
     if num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 1.13x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 28:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 2 workloads, 1.82x (1.80x .. 1.83x) over vllm_flashinfer_prefill
-    if 11 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 1 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
-    if 24 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len > 1 and max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 45 < total_seq_len <= 72 and num_seqs <= 35 and mean_seq_len <= 2 and 7 < max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 26: 2 workloads, 4.75x (4.69x .. 4.81x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1299 and num_seqs <= 11 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 74 workloads, 2.45x (1.06x .. 5.83x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len <= 724 and max_seq_len > 35:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 72 < total_seq_len <= 1299 and num_seqs <= 22 and mean_seq_len > 724 and max_seq_len > 35:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 8 workloads, 6.39x (5.81x .. 7.19x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1299 and 11 < num_seqs <= 22 and max_seq_len <= 35:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 79 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 4 workloads, 1.21x (1.06x .. 1.53x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 22 and max_seq_len > 762:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 27: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 762:
+        return 'flashinfer_direct'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if 72 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 29: 31 workloads, 2.44x (1.36x .. 4.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 898:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 898:
-        return 'triton_prefill_chunked.v64'
-    # region 32: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and max_seq_len <= 17:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 8 workloads, 1.10x (1.04x .. 1.15x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 2896 and 22 < num_seqs <= 35 and 17 < max_seq_len <= 762:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 1299 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 2 workloads, 1.22x (1.21x .. 1.23x) over vllm_flashinfer_prefill's guarded call
-    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:
+    if total_seq_len > 72 and num_seqs <= 35 and mean_seq_len > 362 and 711 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 10 < num_seqs <= 35 and max_seq_len <= 22:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 32: 20 workloads, 2.42x (1.04x .. 5.83x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 10 < num_seqs <= 35 and 22 < max_seq_len <= 711:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 33: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
         return 'triton_prefill_chunked.v64'
     # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len > 181 and max_seq_len > 2142:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 22 workloads, 2.62x (1.08x .. 5.21x) over vllm_flashinfer_prefill
-    if 1299 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len <= 1444:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
-        return 'triton_prefill_chunked.v64'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 22 < num_seqs <= 35 and 762 < max_seq_len <= 1444:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 24 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 35 and mean_seq_len > 5 and max_seq_len > 126:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and 22 < num_seqs <= 35 and max_seq_len <= 711:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 22 < num_seqs <= 35 and 711 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 126:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 35 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 3 workloads, 1.51x (1.08x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 35 and 762 < max_seq_len <= 1444:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 46: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 4 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 2 workloads, 1.53x (1.52x .. 1.53x) over vllm_flashinfer_prefill's guarded call
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and 1444 < max_seq_len <= 5267:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and max_seq_len > 5267:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 52: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
+    if 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 54: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 2563:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 2 workloads, 1.72x (1.70x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 9553 and num_seqs <= 22 and max_seq_len <= 2000:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and num_seqs <= 22 and max_seq_len > 2000:
+    # region 55: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and max_seq_len > 3465:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 58: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 5.42x (3.79x .. 7.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 10 < num_seqs <= 51 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 10 < num_seqs <= 51 and 2 < max_seq_len <= 693:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 15 workloads, 7.79x (5.57x .. 20.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 10 and max_seq_len <= 68:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 3.13x (2.99x .. 3.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 51 < num_seqs <= 90 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 2 workloads, 3.64x (3.08x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 51 < num_seqs <= 90 and 5 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 3.19x (3.02x .. 3.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 2 workloads, 2.37x (2.22x .. 2.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 125:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 12 workloads, 4.84x (3.27x .. 6.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 10 and 68 < max_seq_len <= 146:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 6 workloads, 2.55x (1.88x .. 3.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 754 and num_seqs > 90 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 754 and num_seqs > 90 and 12 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 7 workloads, 2.72x (1.25x .. 4.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 12: 10 workloads, 2.32x (1.70x .. 3.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and 3462 < max_seq_len <= 5267:
+    # region 1: 2 workloads, 6.69x (6.10x .. 7.33x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 6 and 15 < max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 18 workloads, 5.79x (4.06x .. 7.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 6 and 15 < max_seq_len <= 238:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 5 workloads, 3.62x (3.38x .. 3.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 6 and max_seq_len > 238:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
+    # region 4: 7 workloads, 8.55x (7.47x .. 10.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 21 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 12 workloads, 4.23x (2.33x .. 7.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 6 and 27 < max_seq_len <= 179:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 7 workloads, 2.36x (1.64x .. 3.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 6 and max_seq_len > 179:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 7: 8 workloads, 3.22x (2.63x .. 4.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 21 and max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 1 workloads, 2.72x (2.72x .. 2.72x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 6 and 15 < max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 2 workloads, 3.29x (2.31x .. 4.70x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs <= 90 and 45 < max_seq_len <= 113:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 18 workloads, 3.07x (1.71x .. 4.08x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs <= 90 and max_seq_len > 113:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
+    # region 11: 5 workloads, 2.67x (2.36x .. 3.22x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs > 90 and max_seq_len > 45:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 3 workloads, 2.11x (1.77x .. 2.56x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 8 workloads, 1.64x (1.35x .. 1.96x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len > 49:
+        return 'flashinfer_direct'
+    # region 15: 17 workloads, 2.80x (1.98x .. 4.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 22 and max_seq_len <= 4095:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 16: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 22 and 4095 < max_seq_len <= 6968:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 5267:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 4 workloads, 1.53x (1.39x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16584 and num_seqs > 79 and 49 < max_seq_len <= 221:
-        return 'triton_prefill_fused.c16v64'
-    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 16584 and num_seqs > 79 and 221 < max_seq_len <= 314:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 2 workloads, 1.22x (1.15x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16584 and num_seqs > 79 and 314 < max_seq_len <= 1355:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 16584 and num_seqs > 79 and max_seq_len > 1355:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 20 workloads, 3.49x (2.40x .. 5.98x) over vllm_flashinfer_prefill
-    if num_seqs <= 10 and mean_seq_len <= 245 and 146 < max_seq_len <= 693:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 4 workloads, 1.50x (1.35x .. 1.67x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 79 and 125 < max_seq_len <= 339:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 51 < num_seqs <= 79 and 339 < max_seq_len <= 928:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 51 < num_seqs <= 79 and 928 < max_seq_len <= 1356:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 51 < num_seqs <= 79 and max_seq_len > 1356:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 3 workloads, 6.98x (6.74x .. 7.11x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 10 workloads, 4.15x (2.01x .. 9.50x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 181 and 10 < num_seqs <= 51 and 10 < max_seq_len <= 693:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 26: 6 workloads, 6.12x (4.60x .. 7.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 10 and max_seq_len <= 68:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 27: 2 workloads, 2.72x (2.26x .. 3.28x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 2 workloads, 2.71x (2.58x .. 2.85x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and 51 < num_seqs <= 90 and 9 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 29: 12 workloads, 4.61x (1.92x .. 9.41x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and max_seq_len <= 126:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 30: 9 workloads, 3.37x (1.37x .. 6.75x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and 10 < num_seqs <= 51 and 126 < max_seq_len <= 693:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 31: 18 workloads, 3.11x (1.91x .. 6.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 10 and mean_seq_len > 245 and 146 < max_seq_len <= 693:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and 51 < num_seqs <= 79 and 49 < max_seq_len <= 80:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 4 workloads, 2.06x (1.61x .. 3.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 51 < num_seqs <= 79 and 80 < max_seq_len <= 125:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 34: 8 workloads, 2.56x (1.41x .. 3.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 51 < num_seqs <= 90 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 4 workloads, 6.06x (4.90x .. 7.71x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs <= 10 and 68 < max_seq_len <= 146:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 36: 8 workloads, 2.52x (2.01x .. 3.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 754 and num_seqs > 90 and mean_seq_len <= 22 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 754 and num_seqs > 90 and mean_seq_len > 22 and max_seq_len <= 49:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and 693 < max_seq_len <= 1355:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 5 workloads, 2.13x (1.22x .. 3.23x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 1355:
-        return 'triton_prefill_chunked.v64'
-    # region 40: 11 workloads, 2.71x (1.24x .. 19.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len <= 693:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 41: 2 workloads, 2.22x (2.17x .. 2.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 10 < num_seqs <= 51 and mean_seq_len > 362 and max_seq_len <= 693:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 10 workloads, 1.75x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 51 and mean_seq_len > 362 and 693 < max_seq_len <= 3462:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 51 and mean_seq_len <= 362 and max_seq_len > 693:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 51 and mean_seq_len > 362 and max_seq_len > 3462:
+    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and num_seqs <= 22 and max_seq_len > 6968:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 2 workloads, 1.46x (1.14x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 16584 and 79 < num_seqs <= 181 and 49 < max_seq_len <= 5792:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 16584 and 79 < num_seqs <= 181 and max_seq_len > 5792:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 16584 and num_seqs > 181 and max_seq_len > 49:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 12 workloads, 1.45x (1.15x .. 1.78x) over vllm_flashinfer_prefill
+    if total_seq_len > 6835 and num_seqs > 22 and max_seq_len <= 16288:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len > 5 and max_seq_len <= 22:  # region 13
+    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:  # region 18
         return True
-    if num_seqs > 90 and mean_seq_len <= 5 and 17 < max_seq_len <= 28:  # region 20
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 35
         return True
-    if 1299 < total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 181 and max_seq_len > 1444:  # region 35
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 35 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 39
         return True
-    if 1299 < total_seq_len <= 5792 and 11 < num_seqs <= 22 and mean_seq_len > 181 and 1444 < max_seq_len <= 2142:  # region 37
-        return True
-    if 1448 < total_seq_len <= 5792 and 22 < num_seqs <= 35 and max_seq_len > 1444:  # region 39
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 41
         return True
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 46
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 2563:  # region 48
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 48
+        return True
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and 1444 < max_seq_len <= 5267:  # region 50
+        return True
+    if 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 52
+        return True
+    if total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 54
+        return True
+    if total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 58
         return True
     return False

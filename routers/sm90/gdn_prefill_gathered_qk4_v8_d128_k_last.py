@@ -8,20 +8,21 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T13:51:25Z
-# workloads   132 on each of 2 devices (workload-set digest 03a51fc2d6474a56)
+# measured    up to 2026-11-29T22:11:26Z
+# workloads   132 on each of 2 devices (workload-set digest aaf19f9483c4a210)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  226/232  0.45x  [6 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  226/232  0.41x  [6 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  227/232  0.45x  [5 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  228/232  0.48x  [4 screened out]
-#   flashqla_chunk                  5e5c152ba7fedf0f  73/73  0.06x  [73 not graph-safe]
-#   triton_prefill_chunked.v64      2a710645e644b88e  244/244  0.76x
-#   triton_prefill_fused.c16v32     49496897c400beaa  243/244  0.78x  [1 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.81x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.37x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/126  0.46x  [6 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.42x  [6 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  121/126  0.46x  [5 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.49x  [4 screened out]
+#   flashinfer_direct               237a7bc69097936a  131/132  1.39x  [1 screened out]
+#   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
+#   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.76x
+#   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.79x  [1 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.82x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.37x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,66 +37,60 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.48% mean, 204.18% max;
-#             1.142x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 22.97% mean, 354.35% max;
-#             1.562x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 11.22% mean, 198.05% max;
+#             1.144x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.41% mean, 195.75% max;
+#             1.942x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len > 7: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   5. 13 < num_seqs <= 188 and mean_seq_len <= 21: vllm_flashinfer_prefill.cp_off, 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-#   6. num_seqs > 188 and mean_seq_len <= 21: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. 75 < total_seq_len <= 1205 and num_seqs <= 11 and mean_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.61x (1.19x .. 5.79x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   8. 75 < total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 724: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len <= 362: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.70x (1.04x .. 4.35x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   1. total_seq_len <= 50 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.96x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 76 and 6 < mean_seq_len <= 331: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1205 and mean_seq_len > 331: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
+#   4. 50 < total_seq_len <= 362 and mean_seq_len <= 6: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.09x (1.07x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. 76 < total_seq_len <= 399 and 6 < mean_seq_len <= 331: vllm_flashinfer_prefill.cp_off, 20 workloads, 2.01x (1.06x .. 4.16x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   6. total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331: vllm_flashinfer_prefill.cp_off, 17 workloads, 2.40x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   9. total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   10. total_seq_len > 1205 and mean_seq_len > 331: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 114 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.17x (2.20x .. 4.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   2. total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 362: cuda_prefill_pool_rows.k16c8, 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 257 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k16c8, 23 workloads, 2.32x (1.14x .. 7.59x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 1205 and num_seqs <= 8 and 362 < mean_seq_len <= 601: triton_prefill_fused.c16v64, 8 workloads, 2.28x (1.35x .. 3.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len > 601: triton_prefill_chunked.v64, 2 workloads, 1.81x (1.74x .. 1.88x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   6. 114 < total_seq_len <= 397 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.28x (1.71x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   7. 221 < total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len <= 362: triton_prefill_fused.c16v32, 40 workloads, 3.19x (1.49x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   8. 257 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.79x (2.15x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. total_seq_len > 397 and num_seqs > 8 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.90x (1.23x .. 3.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   10. total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. 1205 < total_seq_len <= 5258 and num_seqs <= 7: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.78x (1.29x .. 2.21x) over vllm_flashinfer_prefill
-#   12. 1205 < total_seq_len <= 5258 and 7 < num_seqs <= 8: triton_prefill_fused.c16v32, 6 workloads, 2.01x (1.31x .. 4.89x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   13. total_seq_len > 5258 and num_seqs <= 8: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 181 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 12 workloads, 3.83x (2.11x .. 8.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 378 and 4 < mean_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 5 workloads, 3.47x (2.24x .. 8.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   3. total_seq_len <= 452 and num_seqs > 2 and 11 < mean_seq_len <= 914: cuda_prefill_pool_rows.k8c8, 13 workloads, 4.03x (1.32x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 6292 and mean_seq_len > 914: flashinfer_direct, 2 workloads, 2.17x (1.87x .. 2.53x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   5. num_seqs <= 2 and 11 < mean_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.00x (3.86x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. num_seqs <= 2 and 161 < mean_seq_len <= 914: flashinfer_direct, 6 workloads, 3.18x (2.33x .. 3.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. 181 < total_seq_len <= 537 and mean_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.06x (1.19x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   8. total_seq_len > 378 and 4 < mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len > 452 and num_seqs > 2 and 11 < mean_seq_len <= 914: flashinfer_direct, 62 workloads, 2.00x (1.18x .. 4.20x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 537 and mean_seq_len <= 4: flashinfer_direct, 4 workloads, 1.41x (1.33x .. 1.52x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 6292 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 10, 'speedup': (1.36, 5.83, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (21, 45), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.13), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (13, 188)}, 'workloads': 52, 'speedup': (1.04, 1.08, 1.14), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 21), 'num_seqs': (188, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 724), 'num_seqs': (None, 11), 'total_seq_len': (75, 1205)}, 'workloads': 58, 'speedup': (1.19, 2.61, 5.79), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (724, None), 'num_seqs': (None, 13), 'total_seq_len': (75, 1205)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 8, 'speedup': (1.04, 1.7, 4.35), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, None), 'num_seqs': (13, None), 'total_seq_len': (1448, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 50)}, 'workloads': 6, 'speedup': (1.36, 4.96, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (None, 76)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (50, 362)}, 'workloads': 10, 'speedup': (1.07, 1.09, 1.14), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (76, 399)}, 'workloads': 20, 'speedup': (1.06, 2.01, 4.16), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (None, 13), 'total_seq_len': (399, None)}, 'workloads': 17, 'speedup': (1.04, 2.4, 5.79), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 45), 'total_seq_len': (399, None)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (1205, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 114)}, 'workloads': 4, 'speedup': (2.2, 3.17, 4.62), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (None, 221)}, 'workloads': 23, 'speedup': (3.85, 6.74, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (None, 257)}, 'workloads': 23, 'speedup': (1.14, 2.32, 7.59), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (362, 601), 'num_seqs': (None, 8), 'total_seq_len': (None, 1205)}, 'workloads': 8, 'speedup': (1.35, 2.28, 3.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (601, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 1205)}, 'workloads': 2, 'speedup': (1.74, 1.81, 1.88), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (114, 397)}, 'workloads': 6, 'speedup': (1.71, 2.28, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (221, 1205)}, 'workloads': 40, 'speedup': (1.49, 3.19, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (257, 399)}, 'workloads': 4, 'speedup': (2.15, 2.79, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.23, 1.9, 3.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (8, None), 'total_seq_len': (399, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (1205, 5258)}, 'workloads': 12, 'speedup': (1.29, 1.78, 2.21), 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (7, 8), 'total_seq_len': (1205, 5258)}, 'workloads': 6, 'speedup': (1.31, 2.01, 4.89), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (5258, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 12, 'speedup': (2.11, 3.83, 8.66), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 11), 'total_seq_len': (None, 378)}, 'workloads': 5, 'speedup': (2.24, 3.47, 8.06), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (11, 914), 'num_seqs': (2, None), 'total_seq_len': (None, 452)}, 'workloads': 13, 'speedup': (1.32, 4.03, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (None, 6292)}, 'workloads': 2, 'speedup': (1.87, 2.17, 2.53), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (11, 161), 'num_seqs': (None, 2)}, 'workloads': 7, 'speedup': (3.86, 5.0, 7.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (161, 914), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (2.33, 3.18, 3.67), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (181, 537)}, 'workloads': 6, 'speedup': (1.19, 2.06, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4, 11), 'total_seq_len': (378, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (11, 914), 'num_seqs': (2, None), 'total_seq_len': (452, None)}, 'workloads': 62, 'speedup': (1.18, 2.0, 4.2), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (537, None)}, 'workloads': 4, 'speedup': (1.33, 1.41, 1.52), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (6292, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -104,83 +99,74 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 5.83x (1.36x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 6 workloads, 4.96x (1.36x .. 9.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 50 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len > 7:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 9 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 13 and 21 < mean_seq_len <= 45:
+    if total_seq_len <= 76 and 6 < mean_seq_len <= 331:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1205 and mean_seq_len > 331:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 13 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 52 workloads, 1.08x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-    if 13 < num_seqs <= 188 and mean_seq_len <= 21:
+    # region 4: 10 workloads, 1.09x (1.07x .. 1.14x) over vllm_flashinfer_prefill
+    if 50 < total_seq_len <= 362 and mean_seq_len <= 6:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 20 workloads, 2.01x (1.06x .. 4.16x) over vllm_flashinfer_prefill
+    if 76 < total_seq_len <= 399 and 6 < mean_seq_len <= 331:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 6: 17 workloads, 2.40x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 18 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 188 and mean_seq_len <= 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 58 workloads, 2.61x (1.19x .. 5.79x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 1205 and num_seqs <= 11 and mean_seq_len <= 724:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 75 < total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 724:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 8 workloads, 1.70x (1.04x .. 4.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len <= 362:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 32 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362:
+    # region 7: 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 23 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1205 and mean_seq_len > 331:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 44 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 13 and mean_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.17x (2.20x .. 4.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 114 and num_seqs > 8 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 221 and num_seqs <= 8 and mean_seq_len <= 362:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 23 workloads, 2.32x (1.14x .. 7.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 257 and num_seqs > 8 and mean_seq_len > 2:
-        return 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 8 workloads, 2.28x (1.35x .. 3.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and num_seqs <= 8 and 362 < mean_seq_len <= 601:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 2 workloads, 1.81x (1.74x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len > 601:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 6: 6 workloads, 2.28x (1.71x .. 3.01x) over vllm_flashinfer_prefill
-    if 114 < total_seq_len <= 397 and num_seqs > 8 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 40 workloads, 3.19x (1.49x .. 6.29x) over vllm_flashinfer_prefill
-    if 221 < total_seq_len <= 1205 and num_seqs <= 8 and mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 4 workloads, 2.79x (2.15x .. 3.25x) over vllm_flashinfer_prefill
-    if 257 < total_seq_len <= 399 and num_seqs > 8 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 6 workloads, 1.90x (1.23x .. 3.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs > 8 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 90 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 399 and num_seqs > 8 and mean_seq_len > 2:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 12 workloads, 1.78x (1.29x .. 2.21x) over vllm_flashinfer_prefill
-    if 1205 < total_seq_len <= 5258 and num_seqs <= 7:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 6 workloads, 2.01x (1.31x .. 4.89x) over vllm_flashinfer_prefill
-    if 1205 < total_seq_len <= 5258 and 7 < num_seqs <= 8:
-        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and num_seqs <= 8:
+    # region 1: 12 workloads, 3.83x (2.11x .. 8.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 5 workloads, 3.47x (2.24x .. 8.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 378 and 4 < mean_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 13 workloads, 4.03x (1.32x .. 6.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 452 and num_seqs > 2 and 11 < mean_seq_len <= 914:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 2 workloads, 2.17x (1.87x .. 2.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6292 and mean_seq_len > 914:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 5: 7 workloads, 5.00x (3.86x .. 7.13x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 11 < mean_seq_len <= 161:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 6 workloads, 3.18x (2.33x .. 3.67x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 161 < mean_seq_len <= 914:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 6 workloads, 2.06x (1.19x .. 3.14x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 537 and mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 378 and 4 < mean_seq_len <= 11:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 62 workloads, 2.00x (1.18x .. 4.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 452 and num_seqs > 2 and 11 < mean_seq_len <= 914:
+        return 'flashinfer_direct'
+    # region 10: 4 workloads, 1.41x (1.33x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 537 and mean_seq_len <= 4:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 11: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6292 and mean_seq_len > 914:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -190,223 +176,173 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.86% mean, 204.18% max;
-#             1.201x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.04% mean, 92.78% max;
-#             1.757x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.89% mean, 198.05% max;
+#             1.206x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.53% mean, 47.57% max;
+#             2.148x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.16x (2.12x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and 2 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.72x (1.68x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   6. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   9. total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   12. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41: vllm_flashinfer_prefill.cp_off, 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   15. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   17. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   19. num_seqs <= 3 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. num_seqs <= 3 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   21. 2 < num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   22. 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11: triton_prefill_fused.c16v64, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   25. 9 < num_seqs <= 19 and 550 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   26. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   27. 32 < num_seqs <= 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-#   28. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   29. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
-#   30. 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   31. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
-#   32. 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   33. num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   34. total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   35. total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   37. total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   41. total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. total_seq_len > 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   43. 1704 < total_seq_len <= 5258 and num_seqs <= 9 and max_seq_len > 1916: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   44. total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
-#   45. total_seq_len > 1704 and num_seqs <= 9 and 1491 < max_seq_len <= 1794: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. total_seq_len > 1704 and num_seqs <= 9 and 1794 < max_seq_len <= 1916: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   47. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   48. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 0 workloads
-#   49. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1916 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   50. 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   51. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   52. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   53. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   54. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   55. 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1916: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   56. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1916 < max_seq_len <= 5537: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   57. 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 0 workloads
-#   58. total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   59. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   3. total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   6. total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   11. total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   14. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   15. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   16. num_seqs <= 2 and 11 < max_seq_len <= 26: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   17. num_seqs <= 2 and 41 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. num_seqs <= 5 and 26 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 4.97x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   20. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   21. 5 < num_seqs <= 9 and 26 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   22. 9 < num_seqs <= 19 and 639 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   23. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   25. 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   26. 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   27. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   28. num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   30. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8
+#   31. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: triton_prefill_fused.c16v32, 2 workloads, 6.09x (5.37x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   32. total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, flashinfer_direct
+#   33. total_seq_len > 51 and 5 < num_seqs <= 19 and 6 < max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.27x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   34. total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 26: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   35. total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   37. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   41. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   42. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   44. total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   46. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   49. total_seq_len > 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   50. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   51. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   52. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   53. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 90 and num_seqs > 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.88x (3.27x .. 4.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 896: cuda_prefill_pool_rows.k16c8, 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.35x (2.55x .. 7.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 181 and num_seqs > 8 and 8 < max_seq_len <= 120: cuda_prefill_pool_rows.k16c8, 10 workloads, 2.33x (1.62x .. 3.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 362 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 830: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.38x (1.20x .. 1.59x) over vllm_flashinfer_prefill
-#   7. total_seq_len <= 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794: triton_prefill_chunked.v64, 4 workloads, 1.86x (1.69x .. 2.16x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   8. total_seq_len <= 2232 and 8 < num_seqs <= 39 and 164 < max_seq_len <= 450: triton_prefill_fused.c16v32, 6 workloads, 1.48x (1.20x .. 1.83x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 2232 and 8 < num_seqs <= 39 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   10. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   11. total_seq_len <= 5792 and num_seqs > 181 and 120 < max_seq_len <= 164: vllm_flashinfer_prefill (baseline), 0 workloads
-#   12. total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 222 < max_seq_len <= 652: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   13. total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 652 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   14. total_seq_len <= 11585 and num_seqs > 39 and mean_seq_len <= 5 and 222 < max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 222 < max_seq_len <= 362: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 362 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   17. num_seqs <= 8 and mean_seq_len <= 602 and 896 < max_seq_len <= 1021: triton_prefill_chunked.v64, 4 workloads, 1.96x (1.85x .. 2.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. num_seqs <= 8 and mean_seq_len <= 602 and 1021 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.74x (1.52x .. 1.85x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   19. num_seqs <= 8 and 1794 < max_seq_len <= 2045: triton_prefill_chunked.v64, 2 workloads, 1.95x (1.67x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   20. num_seqs <= 8 and 2045 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.55x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-#   21. num_seqs > 39 and 164 < max_seq_len <= 222: triton_prefill_fused.c16v64, 4 workloads, 1.53x (1.16x .. 1.92x) over vllm_flashinfer_prefill
-#   22. 90 < total_seq_len <= 181 and num_seqs > 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.30x (2.05x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   23. 181 < total_seq_len <= 724 and num_seqs > 8 and 59 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   24. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 82: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.03x (4.07x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   25. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and 82 < max_seq_len <= 896: triton_prefill_fused.c16v32, 32 workloads, 3.30x (1.70x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   26. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 529: triton_prefill_fused.c16v32, 4 workloads, 2.78x (2.14x .. 3.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   27. 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and 529 < max_seq_len <= 896: triton_prefill_fused.c16v64, 4 workloads, 1.98x (1.35x .. 2.83x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   28. 181 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 33 workloads, 2.28x (1.39x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   29. 362 < total_seq_len <= 5792 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164: triton_prefill_fused.c16v64, 7 workloads, 1.61x (1.23x .. 2.02x) over vllm_flashinfer_prefill
-#   30. 724 < total_seq_len <= 1448 and num_seqs > 8 and 59 < max_seq_len <= 120: triton_prefill_fused.c16v64, 2 workloads, 2.79x (1.72x .. 4.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   31. 1448 < total_seq_len <= 2896 and num_seqs > 8 and 48 < max_seq_len <= 120: triton_prefill_fused.c16v64, 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 896: triton_prefill_fused.c16v64, 2 workloads, 3.88x (2.93x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   33. total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.10x (1.99x .. 2.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   34. total_seq_len > 1448 and num_seqs > 8 and mean_seq_len <= 21 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.67x (1.25x .. 1.93x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 1448 and num_seqs > 8 and mean_seq_len > 21 and max_seq_len <= 48: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   36. total_seq_len > 1448 and num_seqs > 39 and max_seq_len > 830: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. total_seq_len > 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.29x (2.03x .. 2.57x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len <= 168 and max_seq_len > 164: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len > 168 and max_seq_len > 164: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   40. total_seq_len > 2896 and num_seqs > 8 and 48 < max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 0 workloads
-#   41. total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   42. total_seq_len > 5792 and num_seqs > 8 and 120 < max_seq_len <= 164: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   43. total_seq_len > 11585 and 39 < num_seqs <= 90 and 222 < max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   44. total_seq_len > 11585 and num_seqs > 90 and 222 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   1. total_seq_len <= 11 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.24x (7.91x .. 8.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 66 and 5 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.38x (3.03x .. 7.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 107 and 17 < max_seq_len <= 93: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.32x (3.08x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and mean_seq_len <= 90 and 93 < max_seq_len <= 256: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.43x (2.30x .. 5.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 557 and num_seqs <= 45 and max_seq_len > 256: flashinfer_direct, 5 workloads, 2.62x (1.84x .. 3.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 557 and mean_seq_len > 90 and 93 < max_seq_len <= 175: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.56x (3.82x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 557 and mean_seq_len > 90 and 175 < max_seq_len <= 256: flashinfer_direct, 3 workloads, 3.83x (3.58x .. 4.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 557 and num_seqs > 45 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   9. 11 < total_seq_len <= 557 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.99x (2.25x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 66 < total_seq_len <= 557 and 5 < max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.88x (2.15x .. 3.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 107 < total_seq_len <= 362 and 17 < max_seq_len <= 93: cuda_prefill_pool_rows.k8c8, 6 workloads, 3.86x (2.19x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   12. 181 < total_seq_len <= 557 and mean_seq_len <= 90 and 93 < max_seq_len <= 256: flashinfer_direct, 6 workloads, 2.70x (1.71x .. 4.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
+#   13. 362 < total_seq_len <= 557 and 17 < max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   14. 362 < total_seq_len <= 557 and 39 < max_seq_len <= 93: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.48x (2.44x .. 4.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. 557 < total_seq_len <= 1205 and max_seq_len <= 41: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.34x (1.90x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 557 < total_seq_len <= 1205 and 41 < max_seq_len <= 6611: flashinfer_direct, 20 workloads, 2.43x (1.33x .. 3.98x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 557 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   18. total_seq_len > 557 and mean_seq_len <= 1448 and 8189 < max_seq_len <= 9101: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   19. total_seq_len > 557 and 6611 < max_seq_len <= 7170: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. total_seq_len > 557 and 7170 < max_seq_len <= 8189: flashinfer_direct, 3 workloads, 1.26x (1.25x .. 1.27x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 557 and max_seq_len > 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   22. total_seq_len > 557 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   23. total_seq_len > 557 and mean_seq_len > 1448 and 8189 < max_seq_len <= 9101: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. total_seq_len > 1205 and max_seq_len <= 6611: flashinfer_direct, 39 workloads, 1.74x (1.18x .. 3.52x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (2.12, 2.16, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 21), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 2, 'speedup': (1.68, 1.72, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (None, 93)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (1.36, 1.49, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (32, None), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.13, 1.19, 1.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (None, 602), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 58, 'speedup': (1.19, 2.6, 5.79), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (602, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (None, 1704)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 21, 'speedup': (1.04, 1.1, 1.13), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (7.84, 8.7, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 11), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.36, 7.96, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 3)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (2, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19)}, 'workloads': 3, 'speedup': (1.34, 1.57, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 11), 'mean_seq_len': (5, None), 'num_seqs': (5, 19)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (550, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 8, 'speedup': (1.03, 1.05, 1.07), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 24, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.56, 1.58, 1.61), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 4, 'speedup': (1.27, 1.36, 1.46), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (62, 133)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (3, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (45, None)}, 'workloads': 7, 'speedup': (1.16, 1.26, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (19, 62), 'total_seq_len': (93, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.28, 1.36, 1.45), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 1081), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (32, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1916, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, 5258)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 1491), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 10, 'speedup': (1.66, 2.52, 4.35), 'fallbacks': ()},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, 1794), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1794, 1916), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 2, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1916, 3402), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 4, 'speedup': (1.33, 1.39, 1.45), 'fallbacks': (), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 9), 'total_seq_len': (5258, 9101)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 550), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (439, 639), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1916, None), 'num_seqs': (None, 5), 'total_seq_len': (9101, 23170)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1916, 5537), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'num_seqs': (5, 9), 'total_seq_len': (9101, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1916, 7663), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7663, None), 'num_seqs': (None, 9), 'total_seq_len': (23170, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 32), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 639), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 26), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.22), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (26, 41), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (4.55, 4.97, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.38, 2.83, 5.79), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 41), 'num_seqs': (5, 9)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (639, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 26), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 2, 'speedup': (5.37, 6.09, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 21), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.16, 1.27, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 26), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (93, None)}, 'workloads': 7, 'speedup': (1.28, 1.53, 1.64), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 962), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 962), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, 639), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (3.27, 3.88, 4.61), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 23, 'speedup': (3.85, 6.74, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.55, 3.35, 7.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 120), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 10, 'speedup': (1.62, 2.33, 3.59), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (8, 181), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (830, None), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.2, 1.38, 1.59), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (602, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.69, 1.86, 2.16), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (164, 450), 'num_seqs': (8, 39), 'total_seq_len': (None, 2232)}, 'workloads': 6, 'speedup': (1.2, 1.48, 1.83), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (450, None), 'num_seqs': (8, 39), 'total_seq_len': (None, 2232)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 652), 'mean_seq_len': (5, None), 'num_seqs': (39, 90), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (652, 830), 'mean_seq_len': (5, None), 'num_seqs': (39, 90), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 830), 'mean_seq_len': (None, 5), 'num_seqs': (39, None), 'total_seq_len': (None, 11585)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 362), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 830), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (896, 1021), 'mean_seq_len': (None, 602), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.85, 1.96, 2.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 1794), 'mean_seq_len': (None, 602), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.52, 1.74, 1.85), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 19, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2045), 'num_seqs': (None, 8)}, 'workloads': 2, 'speedup': (1.67, 1.95, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2045, 2712), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.29, 1.55, 1.96), 'fallbacks': ()},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (164, 222), 'num_seqs': (39, None)}, 'workloads': 4, 'speedup': (1.16, 1.53, 1.92), 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (90, 181)}, 'workloads': 2, 'speedup': (2.05, 2.3, 2.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 120), 'num_seqs': (8, None), 'total_seq_len': (181, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 82), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (4.07, 5.03, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (82, 896), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 32, 'speedup': (1.7, 3.3, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 529), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (2.14, 2.78, 3.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (529, 896), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (1.35, 1.98, 2.83), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'num_seqs': (8, None), 'total_seq_len': (181, 1448)}, 'workloads': 33, 'speedup': (1.39, 2.28, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (8, 181), 'total_seq_len': (362, 5792)}, 'workloads': 7, 'speedup': (1.23, 1.61, 2.02), 'fallbacks': ()},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 120), 'num_seqs': (8, None), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.72, 2.79, 4.54), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (48, 120), 'num_seqs': (8, None), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.61, 1.61, 1.61), 'fallbacks': ()},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.93, 3.88, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (362, None), 'num_seqs': (None, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.99, 2.1, 2.21), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (None, 21), 'num_seqs': (8, None), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.25, 1.67, 1.93), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 48), 'mean_seq_len': (21, None), 'num_seqs': (8, None), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, None), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (602, None), 'num_seqs': (None, 8), 'total_seq_len': (1704, None)}, 'workloads': 2, 'speedup': (2.03, 2.29, 2.57), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (164, None), 'mean_seq_len': (None, 168), 'num_seqs': (8, 39), 'total_seq_len': (2232, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (164, None), 'mean_seq_len': (168, None), 'num_seqs': (8, 39), 'total_seq_len': (2232, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (48, 120), 'num_seqs': (8, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, 164), 'num_seqs': (8, None), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 830), 'num_seqs': (39, 90), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (222, 830), 'num_seqs': (90, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (None, 11)}, 'workloads': 3, 'speedup': (7.91, 8.24, 8.66), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 17), 'total_seq_len': (None, 66)}, 'workloads': 3, 'speedup': (3.03, 5.38, 7.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (17, 93), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (3.08, 5.32, 7.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (93, 256), 'mean_seq_len': (None, 90), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.3, 3.43, 5.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (None, 45), 'total_seq_len': (None, 557)}, 'workloads': 5, 'speedup': (1.84, 2.62, 3.47), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (93, 175), 'mean_seq_len': (90, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (3.82, 4.56, 5.54), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (175, 256), 'mean_seq_len': (90, None), 'total_seq_len': (None, 557)}, 'workloads': 3, 'speedup': (3.58, 3.83, 4.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (45, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (11, 557)}, 'workloads': 7, 'speedup': (2.25, 2.99, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 17), 'total_seq_len': (66, 557)}, 'workloads': 9, 'speedup': (2.15, 2.88, 3.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 93), 'total_seq_len': (107, 362)}, 'workloads': 6, 'speedup': (2.19, 3.86, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (93, 256), 'mean_seq_len': (None, 90), 'total_seq_len': (181, 557)}, 'workloads': 6, 'speedup': (1.71, 2.7, 4.2), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 39), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (39, 93), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (2.44, 3.48, 4.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 41), 'total_seq_len': (557, 1205)}, 'workloads': 4, 'speedup': (1.9, 2.34, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 6611), 'total_seq_len': (557, 1205)}, 'workloads': 20, 'speedup': (1.33, 2.43, 3.98), 'fallbacks': ()},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (None, 362), 'total_seq_len': (557, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 9101), 'mean_seq_len': (None, 1448), 'total_seq_len': (557, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6611, 7170), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, 8189), 'total_seq_len': (557, None)}, 'workloads': 3, 'speedup': (1.25, 1.26, 1.27), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32576, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (362, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 9101), 'mean_seq_len': (1448, None), 'total_seq_len': (557, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 6611), 'total_seq_len': (1205, None)}, 'workloads': 39, 'speedup': (1.18, 1.74, 3.52), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -415,328 +351,248 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 2.16x (2.12x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 2 workloads, 1.72x (1.68x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and 2 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 4 workloads, 1.49x (1.36x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 27:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901:
-        return 'vllm_flashinfer_prefill.cp_off'
+    if total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 901:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 4 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 5 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 58 workloads, 2.60x (1.19x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len <= 602 and max_seq_len > 41:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 602 and max_seq_len > 41:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1704 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 21 workloads, 1.10x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 15: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and 11 < max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 17: 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 41 < max_seq_len <= 1211:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 4 workloads, 8.70x (7.84x .. 9.82x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 19: 4 workloads, 7.96x (7.36x .. 8.47x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and 4 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 3 and 11 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 18: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and max_seq_len > 1211:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 2 workloads, 4.97x (4.55x .. 5.42x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 26 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 2 < num_seqs <= 5 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if 5 < num_seqs <= 9 and 26 < max_seq_len <= 41:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < num_seqs <= 19 and mean_seq_len <= 5 and 6 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 3 workloads, 1.57x (1.34x .. 1.73x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 19 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 19 and mean_seq_len > 5 and 6 < max_seq_len <= 11:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 9 < num_seqs <= 19 and 550 < max_seq_len <= 741:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 9 < num_seqs <= 19 and 639 < max_seq_len <= 741:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 9 < num_seqs <= 19 and 741 < max_seq_len <= 756:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 8 workloads, 1.05x (1.03x .. 1.07x) over vllm_flashinfer_prefill
-    if 32 < num_seqs <= 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 24 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 4 workloads, 1.58x (1.56x .. 1.61x) over vllm_flashinfer_prefill
-    if 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len <= 21:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 62 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 4 workloads, 1.36x (1.27x .. 1.46x) over vllm_flashinfer_prefill
-    if 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len <= 14:
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 6 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    if 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 27: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 26:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 31: 2 workloads, 6.09x (5.37x .. 6.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 32: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 33: 5 workloads, 1.27x (1.16x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and 6 < max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 26:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 62 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 90 and mean_seq_len > 5 and 11 < max_seq_len <= 120:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and 3 < num_seqs <= 5 and 4 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 35: 7 workloads, 1.26x (1.16x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 93 and 19 < num_seqs <= 62 and mean_seq_len <= 5 and max_seq_len > 11:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 4 workloads, 1.36x (1.28x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len <= 21:
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 1081:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 2 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 1704 < total_seq_len <= 5258 and num_seqs <= 9 and max_seq_len > 1916:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 10 workloads, 2.52x (1.66x .. 4.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 1704 and num_seqs <= 9 and 21 < max_seq_len <= 1491:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1704 and num_seqs <= 9 and 1491 < max_seq_len <= 1794:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 1704 and num_seqs <= 9 and 1794 < max_seq_len <= 1916:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 4 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill's guarded call
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1916 < max_seq_len <= 3402:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 50: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and max_seq_len > 3402:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 550:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 3 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 48: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 550:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 550:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 53: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 55: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 9101 < total_seq_len <= 23170 and num_seqs <= 5 and max_seq_len > 1916:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 0 workloads, by estimated times (no measured workload in it)
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1916 < max_seq_len <= 5537:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 58: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 59: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 3.88x (3.27x .. 4.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs > 8 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 23 workloads, 6.74x (3.85x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 896:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 7 workloads, 3.35x (2.55x .. 7.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 10 workloads, 2.33x (1.62x .. 3.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and 8 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 1.38x (1.20x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 39 and max_seq_len > 830:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 4 workloads, 1.86x (1.69x .. 2.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 8: 6 workloads, 1.48x (1.20x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2232 and 8 < num_seqs <= 39 and 164 < max_seq_len <= 450:
-        return 'triton_prefill_fused.c16v32'
-    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2232 and 8 < num_seqs <= 39 and max_seq_len > 450:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 222 < max_seq_len <= 652:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 652 < max_seq_len <= 830:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 11585 and num_seqs > 39 and mean_seq_len <= 5 and 222 < max_seq_len <= 830:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 362 < max_seq_len <= 830:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, 1.96x (1.85x .. 2.10x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len <= 602 and 896 < max_seq_len <= 1021:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 18: 4 workloads, 1.74x (1.52x .. 1.85x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and mean_seq_len <= 602 and 1021 < max_seq_len <= 1794:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 2 workloads, 1.95x (1.67x .. 2.27x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and 1794 < max_seq_len <= 2045:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 20: 6 workloads, 1.55x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-    if num_seqs <= 8 and 2045 < max_seq_len <= 2712:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 4 workloads, 1.53x (1.16x .. 1.92x) over vllm_flashinfer_prefill
-    if num_seqs > 39 and 164 < max_seq_len <= 222:
-        return 'triton_prefill_fused.c16v64'
-    # region 22: 2 workloads, 2.30x (2.05x .. 2.59x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs > 8 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 724 and num_seqs > 8 and 59 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 24: 4 workloads, 5.03x (4.07x .. 6.18x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 82:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 25: 32 workloads, 3.30x (1.70x .. 6.29x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len <= 362 and 82 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 4 workloads, 2.78x (2.14x .. 3.15x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 529:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 4 workloads, 1.98x (1.35x .. 2.83x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and num_seqs <= 8 and mean_seq_len > 362 and 529 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 28: 33 workloads, 2.28x (1.39x .. 3.57x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 7 workloads, 1.61x (1.23x .. 2.02x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 5792 and 8 < num_seqs <= 181 and 120 < max_seq_len <= 164:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 2 workloads, 2.79x (1.72x .. 4.54x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1448 and num_seqs > 8 and 59 < max_seq_len <= 120:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2896 and num_seqs > 8 and 48 < max_seq_len <= 120:
-        return 'triton_prefill_fused.c16v64'
-    # region 32: 2 workloads, 3.88x (2.93x .. 5.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len <= 362 and max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 4 workloads, 2.10x (1.99x .. 2.21x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 8 and mean_seq_len > 362 and max_seq_len <= 896:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 4 workloads, 1.67x (1.25x .. 1.93x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 8 and mean_seq_len <= 21 and max_seq_len <= 48:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 8 and mean_seq_len > 21 and max_seq_len <= 48:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 39 and max_seq_len > 830:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 2 workloads, 2.29x (2.03x .. 2.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 1704 and num_seqs <= 8 and mean_seq_len > 602 and 896 < max_seq_len <= 1794:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len <= 168 and max_seq_len > 164:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2232 and 8 < num_seqs <= 39 and mean_seq_len > 168 and max_seq_len > 164:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712:
+    # region 1: 3 workloads, 8.24x (7.91x .. 8.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 3 workloads, 5.38x (3.03x .. 7.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 66 and 5 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 6 workloads, 5.32x (3.08x .. 7.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 107 and 17 < max_seq_len <= 93:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 3.43x (2.30x .. 5.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 90 and 93 < max_seq_len <= 256:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 5 workloads, 2.62x (1.84x .. 3.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs <= 45 and max_seq_len > 256:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 6: 4 workloads, 4.56x (3.82x .. 5.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and mean_seq_len > 90 and 93 < max_seq_len <= 175:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 3 workloads, 3.83x (3.58x .. 4.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and mean_seq_len > 90 and 175 < max_seq_len <= 256:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 557 and num_seqs > 45 and max_seq_len > 256:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 7 workloads, 2.99x (2.25x .. 3.92x) over vllm_flashinfer_prefill
+    if 11 < total_seq_len <= 557 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 9 workloads, 2.88x (2.15x .. 3.42x) over vllm_flashinfer_prefill
+    if 66 < total_seq_len <= 557 and 5 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 6 workloads, 3.86x (2.19x .. 6.88x) over vllm_flashinfer_prefill
+    if 107 < total_seq_len <= 362 and 17 < max_seq_len <= 93:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 12: 6 workloads, 2.70x (1.71x .. 4.20x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 557 and mean_seq_len <= 90 and 93 < max_seq_len <= 256:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'flashinfer_direct'
+    # region 13: 2 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 557 and 17 < max_seq_len <= 39:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 2 workloads, 3.48x (2.44x .. 4.97x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 557 and 39 < max_seq_len <= 93:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 4 workloads, 2.34x (1.90x .. 2.54x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1205 and max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 20 workloads, 2.43x (1.33x .. 3.98x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1205 and 41 < max_seq_len <= 6611:
+        return 'flashinfer_direct'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 557 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576:
+        return 'flashinfer_direct'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 557 and mean_seq_len <= 1448 and 8189 < max_seq_len <= 9101:
+        return 'flashinfer_direct'
+    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and 6611 < max_seq_len <= 7170:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 3 workloads, 1.26x (1.25x .. 1.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and 7170 < max_seq_len <= 8189:
+        return 'flashinfer_direct'
+    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and max_seq_len > 32576:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 8 and 120 < max_seq_len <= 164:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and 39 < num_seqs <= 90 and 222 < max_seq_len <= 830:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 90 and 222 < max_seq_len <= 830:
-        return 'vllm_flashinfer_prefill.cp_off'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 39 workloads, 1.74x (1.18x .. 3.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 1205 and max_seq_len <= 6611:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 1448 and num_seqs > 32 and mean_seq_len > 5 and max_seq_len <= 11:  # region 42
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 39
         return True
-    if 5258 < total_seq_len <= 9101 and num_seqs <= 9 and 1916 < max_seq_len <= 3402:  # region 49
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 45
         return True
-    if 9101 < total_seq_len <= 23170 and 5 < num_seqs <= 9 and 1916 < max_seq_len <= 5537:  # region 56
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 47
         return True
-    if total_seq_len > 23170 and num_seqs <= 9 and 1916 < max_seq_len <= 7663:  # region 58
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 11585 and 39 < num_seqs <= 90 and mean_seq_len > 5 and 652 < max_seq_len <= 830:  # region 13
-        return True
-    if total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len > 5 and 362 < max_seq_len <= 830:  # region 16
-        return True
-    if total_seq_len > 11585 and num_seqs > 90 and 222 < max_seq_len <= 830:  # region 44
+    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 53
         return True
     return False

@@ -8,19 +8,20 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T13:51:57Z
-# workloads   132 on each of 2 devices (workload-set digest e2e4874bac89fb6e)
+# measured    up to 2026-11-29T22:11:29Z
+# workloads   132 on each of 2 devices (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  244/244  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  226/232  0.38x  [6 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  227/232  0.41x  [5 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  226/232  0.42x  [6 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  226/232  0.43x  [6 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  242/244  0.66x  [2 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  243/244  0.72x  [1 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  243/244  0.79x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  244/244  1.34x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/126  0.39x  [6 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/126  0.43x  [5 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/126  0.43x  [6 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/126  0.45x  [6 screened out]
+#   flashinfer_direct               237a7bc69097936a  131/132  1.35x  [1 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.66x  [2 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.72x  [1 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.80x  [1 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.34x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -35,66 +36,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.08% mean, 78.71% max;
-#             1.076x over the baseline; 11 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.28% mean, 162.46% max;
-#             1.403x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.55% mean, 223.11% max;
+#             1.085x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.63% mean, 231.77% max;
+#             1.797x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 12 and num_seqs <= 4: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.37x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   3. 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
-#   4. 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 32 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   5. num_seqs > 21 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 72 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   6. 12 < total_seq_len <= 66 and num_seqs <= 4: triton_prefill_fused.c16v32, 9 workloads, 4.56x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   7. 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   8. 66 < total_seq_len <= 2438 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: flashinfer_direct, 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.11x (1.09x .. 4.28x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. total_seq_len > 68 and num_seqs <= 4 and mean_seq_len <= 90: flashinfer_direct, 6 workloads, 4.05x (3.21x .. 4.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   6. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   8. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   9. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 58 and num_seqs > 4: cuda_prefill_pool_rows.k4c8, 6 workloads, 3.55x (3.12x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 56: cuda_prefill_pool_rows.k8c8, 18 workloads, 6.04x (4.09x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len > 56: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.62x (3.80x .. 6.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   4. 58 < total_seq_len <= 111 and num_seqs > 4: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.44x (2.03x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   5. 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12: cuda_prefill_pool_rows.k4c8, 20 workloads, 2.11x (1.07x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   6. 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12: triton_prefill_fused.c16v32, 6 workloads, 1.53x (1.31x .. 2.06x) over vllm_flashinfer_prefill
-#   7. 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len <= 657: triton_prefill_fused.c16v32, 36 workloads, 3.15x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len > 657: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.10x (1.76x .. 3.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v32, 8 workloads, 1.43x (1.14x .. 1.71x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.83x (1.27x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   11. total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 90 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   13. 1347 < total_seq_len <= 4876 and num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.83x (1.49x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   14. total_seq_len > 4876 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 137 and num_seqs <= 4 and mean_seq_len > 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.40x (4.09x .. 6.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 397 and num_seqs <= 167 and mean_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 20 workloads, 2.95x (1.21x .. 7.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 724 and num_seqs > 167 and mean_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.25x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64
+#   4. 4 < num_seqs <= 116 and mean_seq_len > 12: flashinfer_direct, 53 workloads, 1.73x (1.11x .. 2.92x) over vllm_flashinfer_prefill
+#   5. num_seqs > 116 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. 137 < total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 12: flashinfer_direct, 25 workloads, 3.59x (2.42x .. 7.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len > 397 and num_seqs <= 167 and mean_seq_len <= 12: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.15x (1.10x .. 1.21x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 724 and num_seqs > 167 and mean_seq_len <= 12: flashinfer_direct, 6 workloads, 1.31x (1.10x .. 1.51x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 12)}, 'workloads': 4, 'speedup': (7.43, 8.37, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 63)}, 'workloads': 6, 'speedup': (1.72, 1.86, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, 90), 'num_seqs': (4, 21)}, 'workloads': 35, 'speedup': (1.03, 1.08, 1.12), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21)}, 'workloads': 32, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, None)}, 'workloads': 72, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (12, 66)}, 'workloads': 9, 'speedup': (3.09, 4.56, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (63, 397)}, 'workloads': 12, 'speedup': (1.28, 1.43, 1.6), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (66, 2438)}, 'workloads': 56, 'speedup': (1.09, 2.45, 4.97), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4), 'total_seq_len': (None, 68)}, 'workloads': 9, 'speedup': (3.09, 4.87, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.08, 1.08, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 22, 'speedup': (1.09, 2.11, 4.28), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4), 'total_seq_len': (68, None)}, 'workloads': 6, 'speedup': (3.21, 4.05, 4.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 58)}, 'workloads': 6, 'speedup': (3.12, 3.55, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 56), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 18, 'speedup': (4.09, 6.04, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (56, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.8, 4.62, 6.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (58, 111)}, 'workloads': 5, 'speedup': (2.03, 2.44, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (4, None), 'total_seq_len': (111, 280)}, 'workloads': 20, 'speedup': (1.07, 2.11, 3.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, None), 'total_seq_len': (111, 280)}, 'workloads': 6, 'speedup': (1.31, 1.53, 2.06), 'fallbacks': ()},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 657), 'num_seqs': (None, 4), 'total_seq_len': (181, 1347)}, 'workloads': 36, 'speedup': (1.58, 3.15, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (657, None), 'num_seqs': (None, 4), 'total_seq_len': (181, 1347)}, 'workloads': 4, 'speedup': (1.76, 2.1, 3.4), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 8, 'speedup': (1.14, 1.43, 1.71), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 8, 'speedup': (1.27, 1.83, 2.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 90, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 20, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (1347, 4876)}, 'workloads': 10, 'speedup': (1.49, 1.83, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 137)}, 'workloads': 10, 'speedup': (4.09, 5.4, 6.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (None, 167), 'total_seq_len': (None, 397)}, 'workloads': 20, 'speedup': (1.21, 2.95, 7.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (167, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.25, 1.82, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, 116)}, 'workloads': 53, 'speedup': (1.11, 1.73, 2.92), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (116, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (137, 4876)}, 'workloads': 25, 'speedup': (2.42, 3.59, 7.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (None, 167), 'total_seq_len': (397, None)}, 'workloads': 4, 'speedup': (1.1, 1.15, 1.21), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (167, None), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.1, 1.31, 1.51), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -103,35 +92,32 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.37x (7.43x .. 9.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 12 and num_seqs <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 6 workloads, 1.86x (1.72x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs > 4 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 35 workloads, 1.08x (1.03x .. 1.12x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 21 and 3 < mean_seq_len <= 90:
+    # region 1: 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 3: 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 22 workloads, 2.11x (1.09x .. 4.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 6 workloads, 4.05x (3.21x .. 4.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 68 and num_seqs <= 4 and mean_seq_len <= 90:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 6: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 32 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 72 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 9 workloads, 4.56x (3.09x .. 6.39x) over vllm_flashinfer_prefill
-    if 12 < total_seq_len <= 66 and num_seqs <= 4:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 12 workloads, 1.43x (1.28x .. 1.60x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 397 and num_seqs > 4 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 56 workloads, 2.45x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if 66 < total_seq_len <= 2438 and num_seqs <= 4:
-        return 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 46 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 238 and num_seqs > 21:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
     # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 3:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 4:
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -139,47 +125,32 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 3.55x (3.12x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs > 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 18 workloads, 6.04x (4.09x .. 11.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 3 workloads, 4.62x (3.80x .. 6.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 4 and mean_seq_len > 56:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 5 workloads, 2.44x (2.03x .. 3.10x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 111 and num_seqs > 4:
+    # region 1: 10 workloads, 5.40x (4.09x .. 6.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 137 and num_seqs <= 4 and mean_seq_len > 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 20 workloads, 2.95x (1.21x .. 7.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 397 and num_seqs <= 167 and mean_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 20 workloads, 2.11x (1.07x .. 3.85x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 6 workloads, 1.53x (1.31x .. 2.06x) over vllm_flashinfer_prefill
-    if 111 < total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 12:
-        return 'triton_prefill_fused.c16v32'
-    # region 7: 36 workloads, 3.15x (1.58x .. 7.39x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len <= 657:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 4 workloads, 2.10x (1.76x .. 3.40x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1347 and num_seqs <= 4 and mean_seq_len > 657:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 8 workloads, 1.43x (1.14x .. 1.71x) over vllm_flashinfer_prefill
-    if 280 < total_seq_len <= 771 and 4 < num_seqs <= 14:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 8 workloads, 1.83x (1.27x .. 2.47x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 90 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 20 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 771 and 4 < num_seqs <= 14:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 10 workloads, 1.83x (1.49x .. 2.88x) over vllm_flashinfer_prefill
-    if 1347 < total_seq_len <= 4876 and num_seqs <= 4:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4876 and num_seqs <= 4:
+    # region 3: 4 workloads, 1.82x (1.25x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 167 and mean_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 53 workloads, 1.73x (1.11x .. 2.92x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 116 and mean_seq_len > 12:
+        return 'flashinfer_direct'
+    # region 5: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 116 and mean_seq_len > 12:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 25 workloads, 3.59x (2.42x .. 7.06x) over vllm_flashinfer_prefill
+    if 137 < total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 12:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 4 workloads, 1.15x (1.10x .. 1.21x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and num_seqs <= 167 and mean_seq_len <= 12:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 6 workloads, 1.31x (1.10x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 167 and mean_seq_len <= 12:
+        return 'flashinfer_direct'
+    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 12:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -189,191 +160,177 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.75% mean, 46.27% max;
-#             1.144x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.44% mean, 432.13% max;
-#             1.517x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.77% mean, 41.30% max;
+#             1.165x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.15% mean, 37.30% max;
+#             1.984x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 63 and 5 < num_seqs <= 8 and 3 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   8. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 1: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.46x (1.32x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   10. total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.67x (1.40x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   11. total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.60x (1.41x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   12. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 29: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.13x (1.10x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   16. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 9 < max_seq_len <= 29: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-#   17. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   18. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill.cp_off, 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
-#   19. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
-#   20. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   21. 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-#   22. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   23. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 5 workloads, 4.83x (3.98x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   25. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   26. 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   27. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   28. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   29. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 60 workloads, 2.54x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   33. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
-#   34. 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   35. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   36. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   38. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 51 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   41. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   43. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   45. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   46. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   47. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   4. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   6. total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   7. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   8. total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   10. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   11. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   13. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   15. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   17. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   18. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
+#   19. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   20. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+#   21. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 0 workloads
+#   22. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   24. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   27. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   28. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
+#   30. 63 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len <= 1723: vllm_flashinfer_prefill.cp_off, 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   31. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   33. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: flashinfer_direct, 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   35. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   39. total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   40. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   41. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   44. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   45. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   46. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
+#   47. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   48. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   49. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   50. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   51. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   52. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 44 and num_seqs <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.84x (7.49x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 44 and num_seqs <= 4 and 4 < max_seq_len <= 896: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.59x (5.75x .. 7.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.23x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 5 < max_seq_len <= 157: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.54x (3.21x .. 3.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.29x (1.94x .. 2.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len <= 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 148: triton_prefill_fused.c16v32, 2 workloads, 1.80x (1.70x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255: triton_prefill_fused.c16v32, 9 workloads, 1.35x (1.17x .. 1.64x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255: triton_prefill_fused.c16v32, 6 workloads, 1.32x (1.20x .. 1.44x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148: triton_prefill_fused.c16v64, 6 workloads, 1.72x (1.33x .. 2.62x) over vllm_flashinfer_prefill
-#   12. num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.91x (1.51x .. 3.40x) over vllm_flashinfer_prefill
-#   13. num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   14. 2 < num_seqs <= 4 and 896 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.72x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-#   15. 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   16. num_seqs > 4 and mean_seq_len <= 2 and 157 < max_seq_len <= 443: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   17. num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 443: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   18. num_seqs > 4 and 2 < mean_seq_len <= 5 and 157 < max_seq_len <= 443: triton_prefill_fused.c16v64, 2 workloads, 1.27x (1.11x .. 1.45x) over vllm_flashinfer_prefill
-#   19. num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.40x (1.97x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   20. num_seqs > 17 and mean_seq_len <= 2 and 4 < max_seq_len <= 157: cuda_prefill_pool_rows.k4c8, 10 workloads, 2.28x (1.47x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   21. 44 < total_seq_len <= 724 and num_seqs <= 4 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 14 workloads, 4.95x (3.47x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. 44 < total_seq_len <= 724 and num_seqs <= 4 and 127 < max_seq_len <= 896: triton_prefill_fused.c16v32, 24 workloads, 3.51x (2.13x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.93x (2.76x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 13 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   25. 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.95x (1.75x .. 2.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   26. 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 73: triton_prefill_fused.c16v64, 4 workloads, 1.78x (1.67x .. 1.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   27. total_seq_len > 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157: cuda_prefill_pool_rows.k2c8, 10 workloads, 1.98x (1.49x .. 2.72x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 19 and 98 < max_seq_len <= 148: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   29. total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 98: triton_prefill_fused.c16v64, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. total_seq_len > 362 and num_seqs > 4 and 19 < mean_seq_len <= 37 and 98 < max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   31. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61: triton_prefill_fused.c16v64, 5 workloads, 1.31x (1.19x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 724 and num_seqs <= 4 and max_seq_len <= 419: triton_prefill_fused.c16v64, 4 workloads, 3.21x (2.47x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   35. total_seq_len > 724 and num_seqs <= 4 and 419 < max_seq_len <= 896: triton_prefill_fused.c16v32, 8 workloads, 2.84x (2.09x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255: vllm_flashinfer_prefill (baseline), 54 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   37. 1448 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73: triton_prefill_fused.c16v64, 7 workloads, 1.31x (1.14x .. 1.60x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   39. total_seq_len > 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   40. total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.21x (8.21x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.36x (3.03x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len > 12 and 85 < max_seq_len <= 5969: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.62x (4.53x .. 6.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 2 workloads, 1.92x (1.68x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and 1 < num_seqs <= 85 and mean_seq_len > 12 and 85 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 5.49x (5.49x .. 5.49x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len > 181: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   9. num_seqs <= 2 and mean_seq_len <= 12 and max_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.77x (7.77x .. 7.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. num_seqs <= 5 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. num_seqs <= 11 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720: vllm_flashinfer_prefill (baseline), 0 workloads
+#   12. num_seqs <= 85 and mean_seq_len > 12 and max_seq_len > 32720: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. mean_seq_len <= 2 and 42 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. mean_seq_len <= 12 and 120 < max_seq_len <= 958: flashinfer_direct, 4 workloads, 1.36x (1.19x .. 1.49x) over vllm_flashinfer_prefill
+#   15. mean_seq_len <= 12 and max_seq_len > 958: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
+#   16. num_seqs > 2 and mean_seq_len <= 12 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (1.97x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 5 < num_seqs <= 85 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562: flashinfer_direct, 4 workloads, 1.44x (1.31x .. 1.73x) over vllm_flashinfer_prefill
+#   18. 11 < num_seqs <= 85 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720: flashinfer_direct, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
+#   19. num_seqs > 71 and mean_seq_len <= 5 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.09x (1.69x .. 2.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   20. num_seqs > 71 and 5 < mean_seq_len <= 12 and 8 < max_seq_len <= 42: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.41x (1.40x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64
+#   22. total_seq_len > 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.25x (1.83x .. 2.81x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   23. total_seq_len > 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 5969: flashinfer_direct, 75 workloads, 2.27x (1.18x .. 7.06x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120: flashinfer_direct, 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. 3277 < total_seq_len <= 23170 and num_seqs > 85 and mean_seq_len > 12: flashinfer_direct, 4 workloads, 1.39x (1.27x .. 1.61x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 23170 and 85 < num_seqs <= 181 and mean_seq_len > 12: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len <= 724: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   28. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len > 724: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (8.89, 9.07, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.69, 8.01, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (1.75, 1.78, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (1, None), 'mean_seq_len': (None, 1), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 4, 'speedup': (1.32, 1.46, 1.6), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 6, 'speedup': (1.4, 1.67, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (1, 2), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 4, 'speedup': (1.41, 1.6, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (None, 238)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.1, 1.13, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (9, 29), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 18, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.04), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (148, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 4, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 5, 'speedup': (3.98, 4.83, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 898), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (4, 8), 'total_seq_len': (63, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 60, 'speedup': (1.09, 2.54, 4.97), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.47, 1.62, 1.79), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 6, 'speedup': (1.26, 1.36, 1.46), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (238, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 4, 'speedup': (1.32, 1.45, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (23, 73), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, None), 'total_seq_len': (238, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 34), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.27, 1.35, 1.43), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (34, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 51, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.1, 8.1, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (2, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.42, 1.53, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 54), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 2, 'speedup': (1.6, 1.62, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, 2438)}, 'workloads': 32, 'speedup': (1.09, 2.6, 4.97), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.47, 1.57, 1.68), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 625), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (625, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.46), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 46, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.37, 1.4, 1.43), 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1010), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1010, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 4), 'total_seq_len': (None, 44)}, 'workloads': 4, 'speedup': (7.49, 8.84, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 896), 'num_seqs': (None, 4), 'total_seq_len': (None, 44)}, 'workloads': 3, 'speedup': (5.75, 6.59, 7.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (None, 45)}, 'workloads': 4, 'speedup': (2.51, 3.23, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 157), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.21, 3.54, 3.9), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (11, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.94, 2.29, 2.71), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (2, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 148), 'mean_seq_len': (5, 37), 'num_seqs': (4, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.7, 1.8, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (255, None), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.17, 1.35, 1.64), 'fallbacks': ()},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (148, 255), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 3821)}, 'workloads': 6, 'speedup': (1.2, 1.32, 1.44), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 148), 'mean_seq_len': (37, None), 'num_seqs': (4, None), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (1.33, 1.72, 2.62), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2)}, 'workloads': 8, 'speedup': (1.51, 1.91, 3.4), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 4399), 'num_seqs': (2, 4)}, 'workloads': 10, 'speedup': (1.49, 1.72, 2.26), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (157, 443), 'mean_seq_len': (None, 2), 'num_seqs': (4, None)}, 'workloads': 2, 'speedup': (1.27, 1.49, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (443, None), 'mean_seq_len': (None, 5), 'num_seqs': (4, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (157, 443), 'mean_seq_len': (2, 5), 'num_seqs': (4, None)}, 'workloads': 2, 'speedup': (1.11, 1.27, 1.45), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 2), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.97, 2.4, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 157), 'mean_seq_len': (None, 2), 'num_seqs': (17, None)}, 'workloads': 10, 'speedup': (1.47, 2.28, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 127), 'num_seqs': (None, 4), 'total_seq_len': (44, 724)}, 'workloads': 14, 'speedup': (3.47, 4.95, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (127, 896), 'num_seqs': (None, 4), 'total_seq_len': (44, 724)}, 'workloads': 24, 'speedup': (2.13, 3.51, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (2.76, 2.93, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 157), 'mean_seq_len': (None, 5), 'num_seqs': (4, 17), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (2.06, 2.06, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 10, 'speedup': (1.75, 1.95, 2.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.67, 1.78, 1.88), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 157), 'mean_seq_len': (2, 5), 'num_seqs': (17, None), 'total_seq_len': (181, None)}, 'workloads': 10, 'speedup': (1.49, 1.98, 2.72), 'fallbacks': ()},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (98, 148), 'mean_seq_len': (5, 19), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (73, 98), 'mean_seq_len': (5, 37), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (98, 148), 'mean_seq_len': (19, 37), 'num_seqs': (4, None), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 5, 'speedup': (1.19, 1.31, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, 90), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (90, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 419), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (2.47, 3.21, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (419, 896), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 8, 'speedup': (2.09, 2.84, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (255, None), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (724, None)}, 'workloads': 54, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 37, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (1448, 2896)}, 'workloads': 7, 'speedup': (1.14, 1.31, 1.6), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (148, 255), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, 148), 'mean_seq_len': (37, None), 'num_seqs': (4, None), 'total_seq_len': (5792, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 8), 'mean_seq_len': (None, 12), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (8.21, 8.21, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 12), 'num_seqs': (None, 71), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (3.03, 4.36, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (85, 5969), 'mean_seq_len': (12, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.15, 5.15, 5.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (12, None), 'num_seqs': (None, 85), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (4.53, 5.62, 6.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (2, 12), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.68, 1.92, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (85, 5969), 'mean_seq_len': (12, None), 'num_seqs': (1, 85), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.49, 5.49, 5.49), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (None, 3277)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (None, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 12), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.77, 7.77, 7.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, 11562), 'mean_seq_len': (12, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11562, 32720), 'mean_seq_len': (12, None), 'num_seqs': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32720, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 85)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (2.67, 2.67, 2.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (120, 958), 'mean_seq_len': (None, 12)}, 'workloads': 4, 'speedup': (1.19, 1.36, 1.49), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (958, None), 'mean_seq_len': (None, 12)}, 'workloads': 2, 'speedup': (1.07, 1.09, 1.1), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 12), 'num_seqs': (2, None)}, 'workloads': 3, 'speedup': (1.97, 2.7, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 11562), 'mean_seq_len': (12, None), 'num_seqs': (5, 85)}, 'workloads': 4, 'speedup': (1.31, 1.44, 1.73), 'fallbacks': ()},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11562, 32720), 'mean_seq_len': (12, None), 'num_seqs': (11, 85)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 5), 'num_seqs': (71, None)}, 'workloads': 3, 'speedup': (1.69, 2.09, 2.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (5, 12), 'num_seqs': (71, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'mean_seq_len': (None, 12), 'total_seq_len': (17, None)}, 'workloads': 11, 'speedup': (1.4, 2.41, 3.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 12), 'num_seqs': (None, 71), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.83, 2.25, 2.81), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (12, None), 'num_seqs': (None, 85), 'total_seq_len': (181, None)}, 'workloads': 75, 'speedup': (1.18, 2.27, 7.06), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (2, 12), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (3277, 23170)}, 'workloads': 4, 'speedup': (1.27, 1.39, 1.61), 'fallbacks': ()},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (85, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (12, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (12, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -384,287 +341,246 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 2 workloads, 9.07x (8.89x .. 9.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 8.01x (7.69x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 1.78x (1.75x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and 3 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k8c8'
+    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 4 workloads, 1.46x (1.32x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 8 and mean_seq_len <= 1 and max_seq_len > 1:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 6 workloads, 1.67x (1.40x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 4 workloads, 1.60x (1.41x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 8 and 1 < mean_seq_len <= 2 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
     # region 12: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 13: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 29:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 2 workloads, 1.13x (1.10x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 9:
+    if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 14: 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 17: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 1 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 9 < max_seq_len <= 29:
+    # region 18: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 29:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 18 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 2 workloads, 1.03x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 4 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-    if 8 < num_seqs <= 21 and mean_seq_len > 5 and 148 < max_seq_len <= 425:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 6 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 5 workloads, 4.83x (3.98x .. 5.95x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 8 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 571:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 898:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 63 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 898:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len <= 3489:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 1723 and max_seq_len > 3489:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 28: 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len <= 1723:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896:
+        return 'flashinfer_direct'
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 60 workloads, 2.54x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 4 workloads, 1.62x (1.47x .. 1.79x) over vllm_flashinfer_prefill
+    # region 33: 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 32: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 6 workloads, 1.36x (1.26x .. 1.46x) over vllm_flashinfer_prefill
-    if 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
-        return 'cuda_prefill_pool_rows.k2c8'
+        return 'flashinfer_direct'
     # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 238 < total_seq_len <= 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 4 workloads, 1.45x (1.32x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and 23 < max_seq_len <= 73:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 238 and num_seqs > 8 and mean_seq_len <= 2 and max_seq_len > 73:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 4 workloads, 1.35x (1.27x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len <= 34:
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 8 and 2 < mean_seq_len <= 5 and max_seq_len > 34:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 51 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 43: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 30 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 148:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1081:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.84x (7.49x .. 11.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 44 and num_seqs <= 4 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 6.59x (5.75x .. 7.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 44 and num_seqs <= 4 and 4 < max_seq_len <= 896:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 3.23x (2.51x .. 3.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 5 < max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 2 workloads, 3.54x (3.21x .. 3.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 2 workloads, 2.29x (1.94x .. 2.71x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 11 < max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, 1.80x (1.70x .. 1.90x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 148:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 9: 9 workloads, 1.35x (1.17x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255:
-        return 'triton_prefill_fused.c16v32'
-    # region 10: 6 workloads, 1.32x (1.20x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255:
-        return 'triton_prefill_fused.c16v32'
-    # region 11: 6 workloads, 1.72x (1.33x .. 2.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148:
-        return 'triton_prefill_fused.c16v64'
-    # region 12: 8 workloads, 1.91x (1.51x .. 3.40x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 10 workloads, 1.72x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and 896 < max_seq_len <= 4399:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 4 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 2 workloads, 1.49x (1.27x .. 1.74x) over vllm_flashinfer_prefill
-    if num_seqs > 4 and mean_seq_len <= 2 and 157 < max_seq_len <= 443:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 4 and mean_seq_len <= 5 and max_seq_len > 443:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 2 workloads, 1.27x (1.11x .. 1.45x) over vllm_flashinfer_prefill
-    if num_seqs > 4 and 2 < mean_seq_len <= 5 and 157 < max_seq_len <= 443:
-        return 'triton_prefill_fused.c16v64'
-    # region 19: 6 workloads, 2.40x (1.97x .. 2.89x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and mean_seq_len <= 2 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 10 workloads, 2.28x (1.47x .. 3.99x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and mean_seq_len <= 2 and 4 < max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 21: 14 workloads, 4.95x (3.47x .. 6.53x) over vllm_flashinfer_prefill
-    if 44 < total_seq_len <= 724 and num_seqs <= 4 and max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 22: 24 workloads, 3.51x (2.13x .. 7.39x) over vllm_flashinfer_prefill
-    if 44 < total_seq_len <= 724 and num_seqs <= 4 and 127 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 2 workloads, 2.93x (2.76x .. 3.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and 4 < num_seqs <= 17 and mean_seq_len <= 5 and 13 < max_seq_len <= 157:
+    # region 1: 1 workloads, 8.21x (8.21x .. 8.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 4.36x (3.03x .. 6.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len > 12 and 85 < max_seq_len <= 5969:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 8 workloads, 5.62x (4.53x .. 6.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 85:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 1.92x (1.68x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 25: 10 workloads, 1.95x (1.75x .. 2.15x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 4 workloads, 1.78x (1.67x .. 1.88x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 10 workloads, 1.98x (1.49x .. 2.72x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 17 and 2 < mean_seq_len <= 5 and max_seq_len <= 157:
-        return 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 1 workloads, 5.49x (5.49x .. 5.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 1 < num_seqs <= 85 and mean_seq_len > 12 and 85 < max_seq_len <= 5969:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len <= 181:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len > 181:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 9: 1 workloads, 7.77x (7.77x .. 7.77x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 12 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 85 and mean_seq_len > 12 and max_seq_len > 32720:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 2 and 42 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 4 workloads, 1.36x (1.19x .. 1.49x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 12 and 120 < max_seq_len <= 958:
+        return 'flashinfer_direct'
+    # region 15: 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 12 and max_seq_len > 958:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 3 workloads, 2.70x (1.97x .. 3.47x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and mean_seq_len <= 12 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 4 workloads, 1.44x (1.31x .. 1.73x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 85 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562:
+        return 'flashinfer_direct'
+    # region 18: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 85 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720:
+        return 'flashinfer_direct'
+    # region 19: 3 workloads, 2.09x (1.69x .. 2.53x) over vllm_flashinfer_prefill
+    if num_seqs > 71 and mean_seq_len <= 5 and 8 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 71 and 5 < mean_seq_len <= 12 and 8 < max_seq_len <= 42:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 21: 11 workloads, 2.41x (1.40x .. 3.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 3 workloads, 2.25x (1.83x .. 2.81x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 75 workloads, 2.27x (1.18x .. 7.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 5969:
+        return 'flashinfer_direct'
+    # region 24: 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 25: 4 workloads, 1.39x (1.27x .. 1.61x) over vllm_flashinfer_prefill
+    if 3277 < total_seq_len <= 23170 and num_seqs > 85 and mean_seq_len > 12:
+        return 'flashinfer_direct'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and 85 < num_seqs <= 181 and mean_seq_len > 12:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len <= 724:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 19 and 98 < max_seq_len <= 148:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 98:
-        return 'triton_prefill_fused.c16v64'
-    # region 30: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 4 and 19 < mean_seq_len <= 37 and 98 < max_seq_len <= 148:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 5 workloads, 1.31x (1.19x .. 1.46x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:
-        return 'triton_prefill_fused.c16v64'
-    # region 32: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and 61 < max_seq_len <= 73:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 4 workloads, 3.21x (2.47x .. 4.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 4 and max_seq_len <= 419:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 8 workloads, 2.84x (2.09x .. 4.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 4 and 419 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 36: 54 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len > 255:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 7 workloads, 1.31x (1.14x .. 1.60x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73:
-        return 'triton_prefill_fused.c16v64'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs > 4 and mean_seq_len > 5 and max_seq_len <= 73:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3821 and num_seqs > 4 and mean_seq_len > 5 and 148 < max_seq_len <= 255:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 37 and 73 < max_seq_len <= 148:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len > 724:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 9:  # region 15
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 19 and 98 < max_seq_len <= 148:  # region 28
-        return True
-    if total_seq_len > 362 and num_seqs > 4 and 5 < mean_seq_len <= 37 and 73 < max_seq_len <= 98:  # region 29
-        return True
-    if 724 < total_seq_len <= 1448 and 4 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 61:  # region 31
+    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:  # region 17
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      NVIDIA H200 GPUs, fitted on their measurements alone (other sm90: ../)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T13:51:57Z
+# measured    up to 2026-11-29T22:11:29Z
 # workloads   132 (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,6 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/126  0.43x  [5 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/126  0.43x  [6 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/126  0.45x  [6 screened out]
+#   flashinfer_direct               237a7bc69097936a  131/132  1.35x  [1 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.66x  [2 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.72x  [1 screened out]
 #   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.80x  [1 screened out]
@@ -33,62 +34,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.50% mean, 223.11% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.55% mean, 223.11% max;
 #             1.085x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.15% mean, 134.39% max;
-#             1.362x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.63% mean, 231.77% max;
+#             1.797x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 59 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 5.45x (4.73x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 71 and 1 < num_seqs <= 4: triton_prefill_fused.c16v32, 6 workloads, 5.06x (3.88x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   5. 59 < total_seq_len <= 1416 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.88x (1.13x .. 3.21x) over vllm_flashinfer_prefill
-#   6. 71 < total_seq_len <= 2438 and 1 < num_seqs <= 4: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.66x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   9. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 2438 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: flashinfer_direct, 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.11x (1.09x .. 4.28x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. total_seq_len > 68 and num_seqs <= 4 and mean_seq_len <= 90: flashinfer_direct, 6 workloads, 4.05x (3.21x .. 4.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   6. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   8. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   9. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 6 workloads, 6.03x (3.80x .. 8.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and 2 < num_seqs <= 7: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.83x (3.58x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   3. total_seq_len <= 238 and num_seqs > 7: cuda_prefill_pool_rows.k2c8, 13 workloads, 2.62x (1.54x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. 181 < total_seq_len <= 1347 and num_seqs <= 5 and mean_seq_len <= 788: triton_prefill_fused.c16v32, 18 workloads, 2.89x (1.64x .. 4.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. 181 < total_seq_len <= 1347 and num_seqs <= 7 and mean_seq_len > 788: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.80x (1.79x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. 238 < total_seq_len <= 724 and num_seqs > 7 and mean_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.92x (1.21x .. 2.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   7. 238 < total_seq_len <= 771 and num_seqs > 7 and mean_seq_len > 7: triton_prefill_fused.c16v64, 16 workloads, 1.51x (1.10x .. 2.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   8. 771 < total_seq_len <= 1233 and num_seqs > 7: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 1233 and num_seqs > 7 and mean_seq_len <= 26: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.09x (1.07x .. 1.11x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 1233 and num_seqs > 7 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 31 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   11. 1347 < total_seq_len <= 4876 and num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.67x (1.50x .. 2.14x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   12. total_seq_len > 4876 and num_seqs <= 7: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 137 and num_seqs <= 4 and mean_seq_len > 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.40x (4.09x .. 6.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 397 and num_seqs <= 167 and mean_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 20 workloads, 2.95x (1.21x .. 7.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 724 and num_seqs > 167 and mean_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.25x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64
+#   4. 4 < num_seqs <= 116 and mean_seq_len > 12: flashinfer_direct, 53 workloads, 1.73x (1.11x .. 2.92x) over vllm_flashinfer_prefill
+#   5. num_seqs > 116 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   6. 137 < total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 12: flashinfer_direct, 25 workloads, 3.59x (2.42x .. 7.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len > 397 and num_seqs <= 167 and mean_seq_len <= 12: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.15x (1.10x .. 1.21x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 724 and num_seqs > 167 and mean_seq_len <= 12: flashinfer_direct, 6 workloads, 1.31x (1.10x .. 1.51x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 59)}, 'workloads': 2, 'speedup': (4.73, 5.45, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 4), 'total_seq_len': (None, 71)}, 'workloads': 6, 'speedup': (3.88, 5.06, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (59, 1416)}, 'workloads': 7, 'speedup': (1.13, 1.88, 3.21), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (1, 4), 'total_seq_len': (71, 2438)}, 'workloads': 22, 'speedup': (1.09, 2.66, 4.97), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4), 'total_seq_len': (None, 68)}, 'workloads': 9, 'speedup': (3.09, 4.87, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.08, 1.08, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 22, 'speedup': (1.09, 2.11, 4.28), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4), 'total_seq_len': (68, None)}, 'workloads': 6, 'speedup': (3.21, 4.05, 4.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (3.8, 6.03, 8.24), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 7), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (3.58, 4.83, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (7, None), 'total_seq_len': (None, 238)}, 'workloads': 13, 'speedup': (1.54, 2.62, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 788), 'num_seqs': (None, 5), 'total_seq_len': (181, 1347)}, 'workloads': 18, 'speedup': (1.64, 2.89, 4.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (788, None), 'num_seqs': (None, 7), 'total_seq_len': (181, 1347)}, 'workloads': 2, 'speedup': (1.79, 1.8, 1.81), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (7, None), 'total_seq_len': (238, 724)}, 'workloads': 7, 'speedup': (1.21, 1.92, 2.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (7, None), 'total_seq_len': (238, 771)}, 'workloads': 16, 'speedup': (1.1, 1.51, 2.04), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (7, None), 'total_seq_len': (771, 1233)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (7, None), 'total_seq_len': (1233, None)}, 'workloads': 5, 'speedup': (1.07, 1.09, 1.11), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (7, None), 'total_seq_len': (1233, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (1347, 4876)}, 'workloads': 5, 'speedup': (1.5, 1.67, 2.14), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (4876, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 137)}, 'workloads': 10, 'speedup': (4.09, 5.4, 6.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (None, 167), 'total_seq_len': (None, 397)}, 'workloads': 20, 'speedup': (1.21, 2.95, 7.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (167, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.25, 1.82, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, 116)}, 'workloads': 53, 'speedup': (1.11, 1.73, 2.92), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (116, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (137, 4876)}, 'workloads': 25, 'speedup': (2.42, 3.59, 7.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (None, 167), 'total_seq_len': (397, None)}, 'workloads': 4, 'speedup': (1.1, 1.15, 1.21), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (167, None), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.1, 1.31, 1.51), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -97,35 +90,32 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 5.45x (4.73x .. 6.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 59 and num_seqs <= 1:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 6 workloads, 5.06x (3.88x .. 6.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 71 and 1 < num_seqs <= 4:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 6 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
+    # region 1: 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 3: 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 7 workloads, 1.88x (1.13x .. 3.21x) over vllm_flashinfer_prefill
-    if 59 < total_seq_len <= 1416 and num_seqs <= 1:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 22 workloads, 2.66x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if 71 < total_seq_len <= 2438 and 1 < num_seqs <= 4:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    # region 4: 22 workloads, 2.11x (1.09x .. 4.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 6 workloads, 4.05x (3.21x .. 4.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 68 and num_seqs <= 4 and mean_seq_len <= 90:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 6: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 16 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 16 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 46 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 46 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 238 and num_seqs > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 4:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -133,42 +123,33 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 6.03x (3.80x .. 8.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 8 workloads, 4.83x (3.58x .. 6.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < num_seqs <= 7:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 13 workloads, 2.62x (1.54x .. 3.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 7:
+    # region 1: 10 workloads, 5.40x (4.09x .. 6.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 137 and num_seqs <= 4 and mean_seq_len > 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 20 workloads, 2.95x (1.21x .. 7.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 397 and num_seqs <= 167 and mean_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 18 workloads, 2.89x (1.64x .. 4.15x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1347 and num_seqs <= 5 and mean_seq_len <= 788:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 2 workloads, 1.80x (1.79x .. 1.81x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1347 and num_seqs <= 7 and mean_seq_len > 788:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 7 workloads, 1.92x (1.21x .. 2.72x) over vllm_flashinfer_prefill
-    if 238 < total_seq_len <= 724 and num_seqs > 7 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 16 workloads, 1.51x (1.10x .. 2.04x) over vllm_flashinfer_prefill
-    if 238 < total_seq_len <= 771 and num_seqs > 7 and mean_seq_len > 7:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if 771 < total_seq_len <= 1233 and num_seqs > 7:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 5 workloads, 1.09x (1.07x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 1233 and num_seqs > 7 and mean_seq_len <= 26:
+    # region 3: 4 workloads, 1.82x (1.25x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 167 and mean_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 53 workloads, 1.73x (1.11x .. 2.92x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 116 and mean_seq_len > 12:
+        return 'flashinfer_direct'
+    # region 5: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 116 and mean_seq_len > 12:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 25 workloads, 3.59x (2.42x .. 7.06x) over vllm_flashinfer_prefill
+    if 137 < total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 12:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 4 workloads, 1.15x (1.10x .. 1.21x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and num_seqs <= 167 and mean_seq_len <= 12:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 31 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 7 and mean_seq_len > 26:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 5 workloads, 1.67x (1.50x .. 2.14x) over vllm_flashinfer_prefill
-    if 1347 < total_seq_len <= 4876 and num_seqs <= 5:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4876 and num_seqs <= 7:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 6 workloads, 1.31x (1.10x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 167 and mean_seq_len <= 12:
+        return 'flashinfer_direct'
+    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 12:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -177,185 +158,177 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.70% mean, 41.30% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.77% mean, 41.30% max;
 #             1.165x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.37% mean, 36.18% max;
-#             1.545x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.15% mean, 37.30% max;
+#             1.984x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   6. total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   7. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   8. total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   10. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   11. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   13. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   14. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
 #   15. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   17. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   18. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
-#   19. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   19. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   20. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
 #   21. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 0 workloads
-#   22. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+#   22. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   23. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   24. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   27. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   24. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   27. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   28. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 #   29. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   30. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: vllm_flashinfer_prefill.cp_off, 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 3489: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 3489: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   34. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   36. total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   38. total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   40. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   43. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   44. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   45. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
-#   46. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   47. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   48. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   49. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   30. 63 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len <= 1723: vllm_flashinfer_prefill.cp_off, 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   31. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   32. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   33. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: flashinfer_direct, 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   35. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   39. total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   40. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   41. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   43. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   44. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   45. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   46. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
+#   47. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   48. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   49. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   50. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   51. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   52. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.76x (7.76x .. 7.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 44 and num_seqs <= 8 and 8 < max_seq_len <= 61: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.10x (5.75x .. 6.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.20x (2.76x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 61: cuda_prefill_pool_rows.k16c8, 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and num_seqs <= 4 and 61 < max_seq_len <= 896: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.64x (3.73x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 1448 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.24x (8.24x .. 8.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1448 and 2 < num_seqs <= 8 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.56x (3.56x .. 3.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   9. total_seq_len <= 1448 and num_seqs > 4 and 191 < max_seq_len <= 449: triton_prefill_fused.c16v64, 6 workloads, 1.29x (1.11x .. 1.45x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 2896 and num_seqs > 4 and 449 < max_seq_len <= 563: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.17x (1.16x .. 1.18x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 2896 and num_seqs > 4 and max_seq_len > 563: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len <= 2 and 61 < max_seq_len <= 191: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 3277 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 61 < max_seq_len <= 191: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.66x (1.51x .. 1.81x) over vllm_flashinfer_prefill
-#   15. num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   16. 2 < num_seqs <= 4 and 896 < max_seq_len <= 5820: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.56x (1.25x .. 1.76x) over vllm_flashinfer_prefill
-#   17. 2 < num_seqs <= 4 and max_seq_len > 5820: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   18. 22 < total_seq_len <= 1448 and num_seqs <= 8 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   19. 44 < total_seq_len <= 1448 and num_seqs <= 8 and 8 < max_seq_len <= 61: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.04x (4.53x .. 5.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. 78 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 22 workloads, 2.10x (1.27x .. 3.21x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   21. 181 < total_seq_len <= 724 and num_seqs <= 4 and 61 < max_seq_len <= 896: triton_prefill_fused.c16v32, 12 workloads, 3.09x (2.13x .. 4.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   22. 181 < total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191: triton_prefill_fused.c16v64, 12 workloads, 1.50x (1.20x .. 1.88x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 724 and num_seqs <= 2 and 61 < max_seq_len <= 896: triton_prefill_fused.c16v32, 3 workloads, 2.63x (2.27x .. 3.03x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   24. total_seq_len > 724 and 2 < num_seqs <= 4 and 61 < max_seq_len <= 896: triton_prefill_fused.c16v64, 3 workloads, 2.69x (2.10x .. 3.30x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   25. 1448 < total_seq_len <= 2896 and num_seqs > 4 and 191 < max_seq_len <= 449: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   26. total_seq_len > 1448 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 61: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 1448 and mean_seq_len <= 11 and max_seq_len <= 61: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.45x (1.40x .. 1.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 61: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. 2896 < total_seq_len <= 5404 and num_seqs > 4 and max_seq_len > 191: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   30. 3277 < total_seq_len <= 5792 and num_seqs > 4 and 61 < max_seq_len <= 191: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. 5404 < total_seq_len <= 12699 and num_seqs > 4 and max_seq_len > 191: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 5792 and num_seqs > 4 and mean_seq_len <= 90 and 61 < max_seq_len <= 191: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 90 and 61 < max_seq_len <= 191: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   34. total_seq_len > 12699 and num_seqs > 4 and 191 < max_seq_len <= 6380: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 12699 and num_seqs > 4 and max_seq_len > 6380: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.21x (8.21x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.36x (3.03x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len > 12 and 85 < max_seq_len <= 5969: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.62x (4.53x .. 6.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 2 workloads, 1.92x (1.68x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and 1 < num_seqs <= 85 and mean_seq_len > 12 and 85 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 5.49x (5.49x .. 5.49x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len > 181: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   9. num_seqs <= 2 and mean_seq_len <= 12 and max_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.77x (7.77x .. 7.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. num_seqs <= 5 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. num_seqs <= 11 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720: vllm_flashinfer_prefill (baseline), 0 workloads
+#   12. num_seqs <= 85 and mean_seq_len > 12 and max_seq_len > 32720: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   13. mean_seq_len <= 2 and 42 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   14. mean_seq_len <= 12 and 120 < max_seq_len <= 958: flashinfer_direct, 4 workloads, 1.36x (1.19x .. 1.49x) over vllm_flashinfer_prefill
+#   15. mean_seq_len <= 12 and max_seq_len > 958: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
+#   16. num_seqs > 2 and mean_seq_len <= 12 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (1.97x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 5 < num_seqs <= 85 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562: flashinfer_direct, 4 workloads, 1.44x (1.31x .. 1.73x) over vllm_flashinfer_prefill
+#   18. 11 < num_seqs <= 85 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720: flashinfer_direct, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
+#   19. num_seqs > 71 and mean_seq_len <= 5 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.09x (1.69x .. 2.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   20. num_seqs > 71 and 5 < mean_seq_len <= 12 and 8 < max_seq_len <= 42: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.41x (1.40x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64
+#   22. total_seq_len > 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.25x (1.83x .. 2.81x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   23. total_seq_len > 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 5969: flashinfer_direct, 75 workloads, 2.27x (1.18x .. 7.06x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120: flashinfer_direct, 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. 3277 < total_seq_len <= 23170 and num_seqs > 85 and mean_seq_len > 12: flashinfer_direct, 4 workloads, 1.39x (1.27x .. 1.61x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 23170 and 85 < num_seqs <= 181 and mean_seq_len > 12: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len <= 724: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   28. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len > 724: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.1, 8.1, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (2, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.1, 8.1, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (2, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct',)},
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.42, 1.53, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
     {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('flashinfer_direct',)},
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
     {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 54), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
     {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
     {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 2, 'speedup': (1.6, 1.62, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 32, 'speedup': (1.09, 2.6, 4.97), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 3489), 'mean_seq_len': (1723, None), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.47, 1.57, 1.68), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3489, None), 'mean_seq_len': (1723, None), 'num_seqs': (None, 4), 'total_seq_len': (63, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 625), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (625, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 40, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.46), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 42, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 45, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.37, 1.4, 1.43), 'fallbacks': ()},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1010), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1010, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, 2438)}, 'workloads': 32, 'speedup': (1.09, 2.6, 4.97), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.47, 1.57, 1.68), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 625), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (625, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.46), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 46, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.37, 1.4, 1.43), 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1010), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1010, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (7.76, 7.76, 7.76), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 61), 'num_seqs': (None, 8), 'total_seq_len': (None, 44)}, 'workloads': 2, 'speedup': (5.75, 6.1, 6.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (2.76, 3.2, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 61), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 1, 'speedup': (2.06, 2.06, 2.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.73, 4.64, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.68, 1.68, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (8.24, 8.24, 8.24), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 8), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (3.56, 3.56, 3.56), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (191, 449), 'num_seqs': (4, None), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.11, 1.29, 1.45), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (449, 563), 'num_seqs': (4, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.16, 1.17, 1.18), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, None), 'num_seqs': (4, None), 'total_seq_len': (None, 2896)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 3277)}, 'workloads': 1, 'speedup': (2.67, 2.67, 2.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (2, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2)}, 'workloads': 4, 'speedup': (1.51, 1.66, 1.81), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 5820), 'num_seqs': (2, 4)}, 'workloads': 6, 'speedup': (1.25, 1.56, 1.76), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5820, None), 'num_seqs': (2, 4)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 8), 'total_seq_len': (22, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 61), 'num_seqs': (None, 8), 'total_seq_len': (44, 1448)}, 'workloads': 6, 'speedup': (4.53, 5.04, 5.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 61), 'num_seqs': (8, None), 'total_seq_len': (78, 1448)}, 'workloads': 22, 'speedup': (1.27, 2.1, 3.21), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (None, 4), 'total_seq_len': (181, 724)}, 'workloads': 12, 'speedup': (2.13, 3.09, 4.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (181, 3277)}, 'workloads': 12, 'speedup': (1.2, 1.5, 1.88), 'fallbacks': ()},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (None, 2), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.27, 2.63, 3.03), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (61, 896), 'num_seqs': (2, 4), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.1, 2.69, 3.3), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (191, 449), 'num_seqs': (4, None), 'total_seq_len': (1448, 2896)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (11, None), 'num_seqs': (None, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.4, 1.45, 1.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 61), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (4, None), 'total_seq_len': (2896, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (61, 191), 'num_seqs': (4, None), 'total_seq_len': (3277, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (4, None), 'total_seq_len': (5404, 12699)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (None, 90), 'num_seqs': (4, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (61, 191), 'mean_seq_len': (90, None), 'num_seqs': (4, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (191, 6380), 'num_seqs': (4, None), 'total_seq_len': (12699, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6380, None), 'num_seqs': (4, None), 'total_seq_len': (12699, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 8), 'mean_seq_len': (None, 12), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (8.21, 8.21, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 12), 'num_seqs': (None, 71), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (3.03, 4.36, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (85, 5969), 'mean_seq_len': (12, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.15, 5.15, 5.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (12, None), 'num_seqs': (None, 85), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (4.53, 5.62, 6.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (2, 12), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.68, 1.92, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (85, 5969), 'mean_seq_len': (12, None), 'num_seqs': (1, 85), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.49, 5.49, 5.49), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (None, 3277)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (None, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 12), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.77, 7.77, 7.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, 11562), 'mean_seq_len': (12, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11562, 32720), 'mean_seq_len': (12, None), 'num_seqs': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32720, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 85)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (2.67, 2.67, 2.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (120, 958), 'mean_seq_len': (None, 12)}, 'workloads': 4, 'speedup': (1.19, 1.36, 1.49), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (958, None), 'mean_seq_len': (None, 12)}, 'workloads': 2, 'speedup': (1.07, 1.09, 1.1), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 12), 'num_seqs': (2, None)}, 'workloads': 3, 'speedup': (1.97, 2.7, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 11562), 'mean_seq_len': (12, None), 'num_seqs': (5, 85)}, 'workloads': 4, 'speedup': (1.31, 1.44, 1.73), 'fallbacks': ()},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11562, 32720), 'mean_seq_len': (12, None), 'num_seqs': (11, 85)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 5), 'num_seqs': (71, None)}, 'workloads': 3, 'speedup': (1.69, 2.09, 2.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (5, 12), 'num_seqs': (71, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'mean_seq_len': (None, 12), 'total_seq_len': (17, None)}, 'workloads': 11, 'speedup': (1.4, 2.41, 3.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 12), 'num_seqs': (None, 71), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.83, 2.25, 2.81), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (12, None), 'num_seqs': (None, 85), 'total_seq_len': (181, None)}, 'workloads': 75, 'speedup': (1.18, 2.27, 7.06), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (2, 12), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (3277, 23170)}, 'workloads': 4, 'speedup': (1.27, 1.39, 1.61), 'fallbacks': ()},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (85, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (12, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (12, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -366,49 +339,49 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
     if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 6: 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 9: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 11: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
     # region 12: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 13: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
-        return 'vllm_flashinfer_prefill.cp_off'
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 14: 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 16: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54:
-        return 'vllm_flashinfer_prefill.cp_off'
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 17: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:
         return 'cuda_prefill_pool_rows.k2c8'
@@ -417,28 +390,28 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return 'vllm_flashinfer_prefill.cp_off'
     # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 20: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29:
         return 'cuda_prefill_pool_rows.k2c8'
     # region 22: 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
-        return 'vllm_flashinfer_prefill.cp_off'
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 23: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 25: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425:
-        return 'vllm_flashinfer_prefill.cp_off'
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 27: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 28: 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
@@ -446,176 +419,161 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 30: 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 3489:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 3489:
+    if 63 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len <= 1723:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896:
+        return 'flashinfer_direct'
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    # region 33: 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
+        return 'flashinfer_direct'
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 41: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 42: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
+    # region 43: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 30 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 30 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.76x (7.76x .. 7.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 8 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 6.10x (5.75x .. 6.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 44 and num_seqs <= 8 and 8 < max_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 4 workloads, 3.20x (2.76x .. 3.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 1 workloads, 2.06x (2.06x .. 2.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 3 workloads, 4.64x (3.73x .. 6.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 4 and 61 < max_seq_len <= 896:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 1 workloads, 1.68x (1.68x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 1 workloads, 8.24x (8.24x .. 8.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 2 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 1 workloads, 3.56x (3.56x .. 3.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 2 < num_seqs <= 8 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 6 workloads, 1.29x (1.11x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 4 and 191 < max_seq_len <= 449:
+    # region 1: 1 workloads, 8.21x (8.21x .. 8.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 4.36x (3.03x .. 6.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len > 12 and 85 < max_seq_len <= 5969:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 8 workloads, 5.62x (4.53x .. 6.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 85:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 1.92x (1.68x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 1 workloads, 5.49x (5.49x .. 5.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 1 < num_seqs <= 85 and mean_seq_len > 12 and 85 < max_seq_len <= 5969:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len <= 181:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 2 workloads, 1.17x (1.16x .. 1.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 4 and 449 < max_seq_len <= 563:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and num_seqs > 4 and max_seq_len > 563:
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len > 181:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 9: 1 workloads, 7.77x (7.77x .. 7.77x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len <= 12 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 85 and mean_seq_len > 12 and max_seq_len > 32720:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len <= 2 and 61 < max_seq_len <= 191:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 3277 and num_seqs > 4 and 2 < mean_seq_len <= 5 and 61 < max_seq_len <= 191:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 4 workloads, 1.66x (1.51x .. 1.81x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 896:
+    # region 13: 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 2 and 42 < max_seq_len <= 120:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 4 workloads, 1.36x (1.19x .. 1.49x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 12 and 120 < max_seq_len <= 958:
+        return 'flashinfer_direct'
+    # region 15: 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 12 and max_seq_len > 958:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 6 workloads, 1.56x (1.25x .. 1.76x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and 896 < max_seq_len <= 5820:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 4 and max_seq_len > 5820:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 1448 and num_seqs <= 8 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 6 workloads, 5.04x (4.53x .. 5.64x) over vllm_flashinfer_prefill
-    if 44 < total_seq_len <= 1448 and num_seqs <= 8 and 8 < max_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 22 workloads, 2.10x (1.27x .. 3.21x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 1448 and num_seqs > 8 and max_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 12 workloads, 3.09x (2.13x .. 4.15x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and num_seqs <= 4 and 61 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 12 workloads, 1.50x (1.20x .. 1.88x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3277 and num_seqs > 4 and mean_seq_len > 5 and 61 < max_seq_len <= 191:
-        return 'triton_prefill_fused.c16v64'
-    # region 23: 3 workloads, 2.63x (2.27x .. 3.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 2 and 61 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 3 workloads, 2.69x (2.10x .. 3.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 2 < num_seqs <= 4 and 61 < max_seq_len <= 896:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2896 and num_seqs > 4 and 191 < max_seq_len <= 449:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 61:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 2 workloads, 1.45x (1.40x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and mean_seq_len <= 11 and max_seq_len <= 61:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 61:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5404 and num_seqs > 4 and max_seq_len > 191:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 3277 < total_seq_len <= 5792 and num_seqs > 4 and 61 < max_seq_len <= 191:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 14 workloads, the baseline; its stand-ins where it cannot run here
-    if 5404 < total_seq_len <= 12699 and num_seqs > 4 and max_seq_len > 191:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs > 4 and mean_seq_len <= 90 and 61 < max_seq_len <= 191:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs > 4 and mean_seq_len > 90 and 61 < max_seq_len <= 191:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 12699 and num_seqs > 4 and 191 < max_seq_len <= 6380:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 12699 and num_seqs > 4 and max_seq_len > 6380:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 3 workloads, 2.70x (1.97x .. 3.47x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and mean_seq_len <= 12 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 4 workloads, 1.44x (1.31x .. 1.73x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 85 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562:
+        return 'flashinfer_direct'
+    # region 18: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 85 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720:
+        return 'flashinfer_direct'
+    # region 19: 3 workloads, 2.09x (1.69x .. 2.53x) over vllm_flashinfer_prefill
+    if num_seqs > 71 and mean_seq_len <= 5 and 8 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 71 and 5 < mean_seq_len <= 12 and 8 < max_seq_len <= 42:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 21: 11 workloads, 2.41x (1.40x .. 3.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 22: 3 workloads, 2.25x (1.83x .. 2.81x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 75 workloads, 2.27x (1.18x .. 7.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 5969:
+        return 'flashinfer_direct'
+    # region 24: 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 25: 4 workloads, 1.39x (1.27x .. 1.61x) over vllm_flashinfer_prefill
+    if 3277 < total_seq_len <= 23170 and num_seqs > 85 and mean_seq_len > 12:
+        return 'flashinfer_direct'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and 85 < num_seqs <= 181 and mean_seq_len > 12:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len <= 724:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len > 724:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
