@@ -469,6 +469,43 @@ def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy)
     assert not any("eager_turns_s" in r.metrics for r in Store.open(store).results(NAME) if r.variant == "toy_flaky")
 
 
+def test_a_forced_retake_cut_short_resumes_from_its_start(tmp_path, toy):
+    """`tune --eager-turns-only --force` takes every workload again; `--retake-before T` takes those with
+    a row measured before T, so a forced retake stopped by --max-minutes resumes where it stopped."""
+    import sqlite3
+
+    from kdispatch.tuner.cli import _utc
+
+    write_traces(tmp_path, (2, 5, 9))
+    store = tmp_path / "store" / "cpu.sqlite"
+    kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, out=tmp_path / "routers", quick=True)
+    flows.tune(tmp_path / "traces", eager_turns=True, stream=open(os.devnull, "w"), **kw)  # all in turns
+
+    def pending(**how):
+        return sum(flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                                 stream=io.StringIO(), eager_only=True, **how)[NAME].values())
+
+    rows = [r for r in Store.open(store).results(NAME) if r.status == "PASSED"]
+    assert pending() == 0 and pending(force=True) == len(rows)
+    # one workload's rows taken before the others' (a retake cut short after the other two)
+    late = max(r.measured_at for r in rows)
+    early = rows[0].uuid
+    with sqlite3.connect(store) as db:
+        db.execute("UPDATE result SET measured_at = '2026-01-01T00:00:00Z' WHERE definition = ? AND uuid = ?",
+                   (NAME, early))
+    assert pending(retake_before=late) == sum(r.uuid == early for r in rows)
+    assert pending(retake_before="2025-12-31T23:59:59Z") == 0
+    flows.tune(tmp_path / "traces", eager_only=True, retake_before=late, stream=open(os.devnull, "w"), **kw)
+    assert pending(retake_before=late) == 0  # the workload taken again is now as late as the others
+    assert _utc("2026-11-29 23:02:00+01:00") == _utc("2026-11-29T22:02:00") == "2026-11-29T22:02:00Z"
+    from kdispatch.cli import main
+
+    for args in (["--retake-before", late], ["--eager-turns-only", "--retake-before", "late"]):
+        with pytest.raises(SystemExit) as stop:  # without --eager-turns-only; not a time
+            main(["tune", "--workloads", str(tmp_path / "traces"), "--store", str(store), *args])
+        assert stop.value.code == 2
+
+
 def test_a_job_takes_its_variants_eager_times_in_turns(toy):
     """Two variants, the second 4 ms slower a call: their eager times come from the turns (after the
     workload's variants, its own progress message), and the second's calls over the first's of the

@@ -2,7 +2,7 @@
 
     kdispatch tune [--workloads DIR ...] [--definitions D ...] [--variants V ... | --skip-variants V ...]
                    [--device cuda|cuda:N[,M]] [--out routers/] [--store PATH] [--quick] [--force] [--trials N]
-                   [--timeout S] [--screen FACTOR] [--warm N] [--eager-turns | --eager-turns-only]
+                   [--timeout S] [--screen FACTOR] [--warm N] [--eager-turns | --eager-turns-only [--retake-before UTC]]
     kdispatch route [--store PATH ...] [--out routers/] [--arch sm90] [--definitions D ...] [--workloads DIR ...]
                     [--check HELDOUT_STORE]
     kdispatch explain <definition> key=value ... [--arch sm90] [--routers DIR] [--store PATH ...]
@@ -36,6 +36,19 @@ DEFAULT_REPORT_DIR = "kdispatch-report"  # under the current folder: never a tra
 
 def _defs_arg(p):
     p.add_argument("--definitions", nargs="+", metavar="D", help="definitions (short or full names); default: all")
+
+
+def _utc(text: str) -> str:
+    """A time as the store writes `measured_at` (ISO, UTC, whole seconds), from any ISO form; a
+    time without a zone is taken as UTC."""
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO time: {text!r} (e.g. 2026-11-29T22:02:00Z)") from None
+    t = t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _store_arg(p, many=True):
@@ -76,6 +89,10 @@ def add_commands(sub) -> None:
                         "variants' current code) again, in turns, workload by workload; no gate, no graph timing "
                         "(a definition of own-loop rows becomes one of turns in a fraction of a tune; --force: "
                         "workloads already in turns too)")
+    p.add_argument("--retake-before", metavar="UTC", type=_utc,
+                   help="with --eager-turns-only: also take again the workloads with a row measured before this "
+                        "time (e.g. 2026-11-29T22:02:00Z): a --force retake cut short resumes given its start time, "
+                        "where --force would begin again")
     p.add_argument("--pending", action="store_true", help="print what would be measured and stop (no GPU needed: "
                    "without one, the store's newest environment stands in)")
     p.add_argument("--max-minutes", type=float, help="stop measuring after this long (store and routers are "
@@ -168,19 +185,21 @@ def cmd_tune(args) -> int:
     from .flows import tune
 
     _check_workloads(args)
+    if args.retake_before and not args.eager_turns_only:
+        _fail(args, "--retake-before goes with --eager-turns-only")
     if args.pending:
         from .flows import pending
 
         pending(args.workloads, definitions=args.definitions, variants=args.variants,
                 skip_variants=args.skip_variants, device=args.device, store=args.store,
-                eager_only=args.eager_turns_only)
+                eager_only=args.eager_turns_only, force=args.force, retake_before=args.retake_before)
         return 0
     r = tune(args.workloads, definitions=args.definitions, variants=args.variants,
              skip_variants=args.skip_variants, device=args.device,
              store=args.store, out=args.out, quick=args.quick, force=args.force, trials=args.trials,
              timeout=args.timeout, compile_routers=not args.no_route, max_minutes=args.max_minutes,
              screen=args.screen or None, warm=args.warm, eager_turns=args.eager_turns,
-             eager_only=args.eager_turns_only)
+             eager_only=args.eager_turns_only, retake_before=args.retake_before)
     print(f"tuned {len(r.plans)} definitions on {r.env['device']} ({r.env['arch']}): {len(r.measured)} measurements, "
           f"{len(r.routers)} routers, {r.seconds / 60:.1f} min" + ("" if r.complete else "; INCOMPLETE: re-run"))
     return 0 if r.complete else 3

@@ -57,7 +57,8 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
          trials: int | None = None, env: dict | None = None,
          executor: str | None = None, in_process: bool | None = None, timeout: float = 300.0, stream=None,
          compile_routers: bool = True, max_minutes: float | None = None, screen: float | None = None,
-         warm: int = 0, eager_turns: bool = False, eager_only: bool = False) -> TuneResult:
+         warm: int = 0, eager_turns: bool = False, eager_only: bool = False,
+         retake_before: str | None = None) -> TuneResult:
     """Measures what the store lacks, then compiles the routers. Returns what it did.
 
     `warm`: worker processes per GPU that first call every pending variant once on its workload
@@ -79,7 +80,8 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     workload's passing rows of this environment and code together (tuner/plan.py `retake_plan`,
     tuner/job.py `retake_eager_job`): no gate, no graph timing, so a definition measured in each
     variant's own loop becomes one of turns in a fraction of a tune (`force`: workloads already
-    in turns too). Resumable like a tune.
+    in turns too; `retake_before`, a UTC time: those with a row measured before it too, which is how
+    a forced retake cut short resumes, given its start). Resumable like a tune.
 
     `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
     compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
@@ -94,7 +96,8 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
     if eager_only:
-        retakes = [retake_plan(store, eid, env["arch"], roots, d, quick, force, SLOW_US) for d in names]
+        retakes = [retake_plan(store, eid, env["arch"], roots, d, quick, force, SLOW_US, taken_before=retake_before)
+                   for d in names]
         plans, retaken = [p for p, _ in retakes], {p.definition: rows for p, rows in retakes}
     else:
         plans = [plan(store, eid, env["arch"], roots, d, set(variants) if variants else None, quick, force,
@@ -334,9 +337,10 @@ def defs_with_hints(definitions=None) -> list[str]:
 
 
 def pending(roots, *, definitions=None, variants=None, skip_variants=None, device: str = "cuda",
-            store: str | Path | None = None, stream=None, eager_only: bool = False) -> dict[str, dict[str, int]]:
+            store: str | Path | None = None, stream=None, eager_only: bool = False, force: bool = False,
+            retake_before: str | None = None) -> dict[str, dict[str, int]]:
     """What `tune` would measure, without measuring (`eager_only`: what `tune --eager-turns-only`
-    would take again): {definition: {variant: pairs}}, printed. On a
+    would take again; `force`, `retake_before` as for `tune`): {definition: {variant: pairs}}, printed. On a
     machine without the store's GPU (a development one) the store's newest environment stands in,
     and a library-backed variant's hash is taken under the library versions its rows there recorded
     (its hash holds the versions installed where it runs): planning the GPU machine's time from here."""
@@ -385,9 +389,10 @@ def pending(roots, *, definitions=None, variants=None, skip_variants=None, devic
                  f"store {path}" + ("" if here else " (its newest environment: this machine has not that GPU)") + "\n")
     out, total = {}, 0
     for d in [defs.resolve_name(x) for x in (definitions or defs.names())]:
-        p = (retake_plan(st, eid, env["arch"], roots, d, slow_us=SLOW_US, hash_of=hash_of, runs=runs)[0]
+        p = (retake_plan(st, eid, env["arch"], roots, d, force=force, slow_us=SLOW_US, hash_of=hash_of, runs=runs,
+                         taken_before=retake_before)[0]
              if eager_only else plan(st, eid, env["arch"], roots, d, set(variants) if variants else None,
-                                     skip=set(skip_variants or ()), hash_of=hash_of, runs=runs))
+                                     force=force, skip=set(skip_variants or ()), hash_of=hash_of, runs=runs))
         counts: dict[str, int] = {}
         for name, _u in p.pending:
             counts[name] = counts.get(name, 0) + 1

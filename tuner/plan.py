@@ -181,13 +181,17 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
 
 
 def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, quick: bool = False,
-                force: bool = False, slow_us: float = float("inf"), hash_of=None, runs=None) -> tuple[Plan, dict]:
+                force: bool = False, slow_us: float = float("inf"), hash_of=None, runs=None,
+                taken_before: str | None = None) -> tuple[Plan, dict]:
     """What `tune --eager-turns-only` takes again: on each workload of `roots`, the eager times of every
     store row of this environment that passed, is of the variant's current code and was timed eagerly
     under `slow_us` (tuner/timing.py SLOW_US: slower rows keep their own loop's times in turns too), in
     turns together (tuner/job.py `retake_eager_job`); workloads whose rows all took theirs in turns
-    already are left out unless `force`, and so are those with one such row (a turn needs company).
-    Returns the plan and {uuid: {variant: the row}} of what it takes again (`hash_of`, `runs`: as `plan`)."""
+    already are left out unless `force`, or unless one of them was measured before `taken_before` (a
+    UTC time as the store writes it, e.g. 2026-11-29T22:02:00Z: a forced retake cut short resumes with
+    its start, where `force` would begin again); those with one such row are left out (a turn needs
+    company). Returns the plan and {uuid: {variant: the row}} of what it takes again (`hash_of`,
+    `runs`: as `plan`)."""
     p = plan(store, env_id, arch, roots, definition, quick=quick, force=True, hash_of=hash_of, runs=runs)
     wanted = set(p.pending)
     rows: dict[str, dict] = {}
@@ -198,7 +202,8 @@ def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, qu
             continue
         rows.setdefault(r.uuid, {})[r.variant] = r
     rows = {u: by for u, by in rows.items() if len(by) > 1 and
-            (force or any("eager_turns_s" not in (r.metrics or {}) for r in by.values()))}
+            (force or any("eager_turns_s" not in (r.metrics or {}) for r in by.values())
+             or (taken_before is not None and any(r.measured_at < taken_before for r in by.values())))}
     pending = [(n, u) for u in sorted(rows) for n in sorted(rows[u])]
     return Plan(p.definition, p.baseline, p.variants, p.workloads, pending, p.skipped_unsupported), rows
 
