@@ -498,6 +498,14 @@ def test_a_forced_retake_cut_short_resumes_from_its_start(tmp_path, toy):
     flows.tune(tmp_path / "traces", eager_only=True, retake_before=late, stream=open(os.devnull, "w"), **kw)
     assert pending(retake_before=late) == 0  # the workload taken again is now as late as the others
     assert _utc("2026-11-29 23:02:00+01:00") == _utc("2026-11-29T22:02:00") == "2026-11-29T22:02:00Z"
+    # what a tune that stopped early says: a forced retake names its start, since --force would begin again
+    t = "2026-11-29T22:02:55Z"
+    assert "re-run the same command" in flows.resume_advice(3, force=False, retake_before=None, started=t)
+    assert f"without --force, with --retake-before {t}" in flows.resume_advice(3, force=True, retake_before=None,
+                                                                                started=t)
+    assert "--retake-before 2026-11-29T21:00:00Z" in flows.resume_advice(3, force=True, started=t,
+                                                                         retake_before="2026-11-29T21:00:00Z")
+    assert flows.resume_advice(0, force=True, retake_before=None, started=t) == ""
     from kdispatch.cli import main
 
     for args in (["--retake-before", late], ["--eager-turns-only", "--retake-before", "late"]):

@@ -29,7 +29,7 @@ from kdispatch.checks import PASSED
 
 from . import codegen, features
 from . import fit as fitting
-from .job import ROUTED_HINTED, WARM_SKIPS
+from .job import ROUTED_HINTED, WARM_SKIPS, now
 from .plan import (QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, retake_plan,
                    workload_dicts)
 from .pool import Progress, clock, execute
@@ -85,7 +85,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
 
     `max_minutes`: stop measuring after this long (then the store's twin is written and the routers
     compiled from what was measured; re-running resumes). SIGTERM is handled the same way."""
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), now()
     stream = stream or sys.stderr
     devices = parse_devices(device)
     env = env or detect_environment(devices)
@@ -165,8 +165,21 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     result.seconds = time.monotonic() - t0
     left = total - len(result.measured)
     stream.write(f"[tune] measured {len(result.measured)} (variant, workload) pairs in {clock(result.seconds)}"
-                 + (f"; {left} left: re-run the same command to measure them\n" if left > 0 else "\n"))
+                 + resume_advice(left, force=force and eager_only, retake_before=retake_before, started=started)
+                 + "\n")
     return result
+
+
+def resume_advice(left: int, *, force: bool, retake_before: str | None, started: str) -> str:
+    """What the tune's last line says of the pairs it left: re-run the command, except after a forced
+    eager retake, which would begin again: the workloads it has not reached are those with a row
+    measured before it started."""
+    if left <= 0:
+        return ""
+    if force:
+        return (f"; {left} left: re-run without --force, with --retake-before {retake_before or started}, to take "
+                "them (--force would begin again)")
+    return f"; {left} left: re-run the same command to measure them"
 
 
 def _merge_eager(store: Store, rows: dict, definition: str, row: dict, stream) -> bool:

@@ -226,7 +226,7 @@ def execute(jobs: list[Job], devices: list[str], on_row: Callable[[str, dict], N
         while todo or any(w.job is not None for w in workers):
             if deadline is not None and time.monotonic() > deadline:
                 if progress:
-                    progress.note("time budget reached: stopping; re-run the same command to measure the rest")
+                    progress.note("time budget reached: stopping; the last line says how to measure the rest")
                 return False
             for w in workers:
                 if w.job is None and todo and not w.eof:
