@@ -8,7 +8,7 @@
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T22:11:29Z
+# measured    up to 2026-11-30T00:19:19Z
 # workloads   132 on each of 2 devices (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 9.55% mean, 223.11% max;
 #             1.085x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.63% mean, 231.77% max;
-#             1.797x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.01% mean, 144.95% max;
+#             1.772x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: flashinfer_direct, 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
@@ -51,15 +51,14 @@
 #   8. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   9. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 137 and num_seqs <= 4 and mean_seq_len > 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.40x (4.09x .. 6.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 397 and num_seqs <= 167 and mean_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 20 workloads, 2.95x (1.21x .. 7.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 724 and num_seqs > 167 and mean_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.82x (1.25x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64
-#   4. 4 < num_seqs <= 116 and mean_seq_len > 12: flashinfer_direct, 53 workloads, 1.73x (1.11x .. 2.92x) over vllm_flashinfer_prefill
-#   5. num_seqs > 116 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   6. 137 < total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 12: flashinfer_direct, 25 workloads, 3.59x (2.42x .. 7.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len > 397 and num_seqs <= 167 and mean_seq_len <= 12: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.15x (1.10x .. 1.21x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 724 and num_seqs > 167 and mean_seq_len <= 12: flashinfer_direct, 6 workloads, 1.31x (1.10x .. 1.51x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 117 and num_seqs > 5 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.11x (2.87x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 216 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 13 workloads, 6.18x (4.53x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 358 and num_seqs > 5 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 13 workloads, 2.38x (1.36x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. 117 < total_seq_len <= 358 and num_seqs > 5 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.43x (2.23x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   5. 216 < total_seq_len <= 358 and num_seqs <= 5: flashinfer_direct, 7 workloads, 3.77x (3.58x .. 4.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len > 358 and mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 6 workloads, 1.47x (1.18x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64
+#   7. total_seq_len > 358 and 4 < mean_seq_len <= 4845: flashinfer_direct, 83 workloads, 1.79x (1.06x .. 4.01x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 358 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -75,15 +74,14 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 137)}, 'workloads': 10, 'speedup': (4.09, 5.4, 6.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (None, 167), 'total_seq_len': (None, 397)}, 'workloads': 20, 'speedup': (1.21, 2.95, 7.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (167, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.25, 1.82, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, 116)}, 'workloads': 53, 'speedup': (1.11, 1.73, 2.92), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (116, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (137, 4876)}, 'workloads': 25, 'speedup': (2.42, 3.59, 7.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (None, 167), 'total_seq_len': (397, None)}, 'workloads': 4, 'speedup': (1.1, 1.15, 1.21), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 12), 'num_seqs': (167, None), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.1, 1.31, 1.51), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 117)}, 'workloads': 4, 'speedup': (2.87, 3.11, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 216)}, 'workloads': 13, 'speedup': (4.53, 6.18, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 358)}, 'workloads': 13, 'speedup': (1.36, 2.38, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (117, 358)}, 'workloads': 4, 'speedup': (2.23, 2.43, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (216, 358)}, 'workloads': 7, 'speedup': (3.58, 3.77, 4.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (358, None)}, 'workloads': 6, 'speedup': (1.18, 1.47, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (4, 4845), 'total_seq_len': (358, None)}, 'workloads': 83, 'speedup': (1.06, 1.79, 4.01), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (358, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -125,33 +123,30 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 5.40x (4.09x .. 6.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 137 and num_seqs <= 4 and mean_seq_len > 12:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 20 workloads, 2.95x (1.21x .. 7.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and num_seqs <= 167 and mean_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 4 workloads, 1.82x (1.25x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 167 and mean_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 53 workloads, 1.73x (1.11x .. 2.92x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 116 and mean_seq_len > 12:
+    # region 1: 4 workloads, 3.11x (2.87x .. 3.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 117 and num_seqs > 5 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 13 workloads, 6.18x (4.53x .. 8.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 216 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 13 workloads, 2.38x (1.36x .. 3.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 358 and num_seqs > 5 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 4 workloads, 2.43x (2.23x .. 2.90x) over vllm_flashinfer_prefill
+    if 117 < total_seq_len <= 358 and num_seqs > 5 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 7 workloads, 3.77x (3.58x .. 4.07x) over vllm_flashinfer_prefill
+    if 216 < total_seq_len <= 358 and num_seqs <= 5:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 6: 6 workloads, 1.47x (1.18x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 358 and mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 83 workloads, 1.79x (1.06x .. 4.01x) over vllm_flashinfer_prefill
+    if total_seq_len > 358 and 4 < mean_seq_len <= 4845:
         return 'flashinfer_direct'
-    # region 5: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 116 and mean_seq_len > 12:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 25 workloads, 3.59x (2.42x .. 7.06x) over vllm_flashinfer_prefill
-    if 137 < total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 12:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 4 workloads, 1.15x (1.10x .. 1.21x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs <= 167 and mean_seq_len <= 12:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 6 workloads, 1.31x (1.10x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 167 and mean_seq_len <= 12:
-        return 'flashinfer_direct'
-    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 12:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 358 and mean_seq_len > 4845:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -162,8 +157,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.77% mean, 41.30% max;
 #             1.165x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.15% mean, 37.30% max;
-#             1.984x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.06% mean, 56.93% max;
+#             1.912x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -218,34 +213,25 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   51. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
 #   52. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.21x (8.21x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.36x (3.03x .. 6.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len > 12 and 85 < max_seq_len <= 5969: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 85: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.62x (4.53x .. 6.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120: cuda_prefill_pool_rows.k8c8, 2 workloads, 1.92x (1.68x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and 1 < num_seqs <= 85 and mean_seq_len > 12 and 85 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 5.49x (5.49x .. 5.49x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len > 181: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   9. num_seqs <= 2 and mean_seq_len <= 12 and max_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.77x (7.77x .. 7.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. num_seqs <= 5 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. num_seqs <= 11 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720: vllm_flashinfer_prefill (baseline), 0 workloads
-#   12. num_seqs <= 85 and mean_seq_len > 12 and max_seq_len > 32720: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. mean_seq_len <= 2 and 42 < max_seq_len <= 120: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   14. mean_seq_len <= 12 and 120 < max_seq_len <= 958: flashinfer_direct, 4 workloads, 1.36x (1.19x .. 1.49x) over vllm_flashinfer_prefill
-#   15. mean_seq_len <= 12 and max_seq_len > 958: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
-#   16. num_seqs > 2 and mean_seq_len <= 12 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.70x (1.97x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   17. 5 < num_seqs <= 85 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562: flashinfer_direct, 4 workloads, 1.44x (1.31x .. 1.73x) over vllm_flashinfer_prefill
-#   18. 11 < num_seqs <= 85 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720: flashinfer_direct, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
-#   19. num_seqs > 71 and mean_seq_len <= 5 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.09x (1.69x .. 2.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   20. num_seqs > 71 and 5 < mean_seq_len <= 12 and 8 < max_seq_len <= 42: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.41x (1.40x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64
-#   22. total_seq_len > 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.25x (1.83x .. 2.81x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   23. total_seq_len > 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 5969: flashinfer_direct, 75 workloads, 2.27x (1.18x .. 7.06x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120: flashinfer_direct, 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   25. 3277 < total_seq_len <= 23170 and num_seqs > 85 and mean_seq_len > 12: flashinfer_direct, 4 workloads, 1.39x (1.27x .. 1.61x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 23170 and 85 < num_seqs <= 181 and mean_seq_len > 12: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len <= 724: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   28. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len > 724: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.04x (2.89x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 44: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.11x (2.03x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and 44 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 5 workloads, 5.45x (4.53x .. 6.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 1905 and num_seqs <= 8 and max_seq_len <= 44: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.24x (3.40x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 1905 and mean_seq_len <= 2 and max_seq_len > 44: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.71x (1.31x .. 2.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. 78 < total_seq_len <= 724 and num_seqs > 8 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.41x (1.72x .. 3.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
+#   9. 181 < total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127: flashinfer_direct, 20 workloads, 3.37x (2.55x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. 181 < total_seq_len <= 1905 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44: flashinfer_direct, 24 workloads, 1.67x (1.29x .. 2.02x) over vllm_flashinfer_prefill
+#   11. 724 < total_seq_len <= 1905 and 8 < num_seqs <= 90 and max_seq_len <= 44: flashinfer_direct, 2 workloads, 1.61x (1.52x .. 1.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   12. 724 < total_seq_len <= 1905 and num_seqs > 90 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.93x (1.77x .. 2.12x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len > 1905 and num_seqs <= 5 and 8189 < max_seq_len <= 11494: vllm_flashinfer_prefill (baseline), 0 workloads
+#   14. total_seq_len > 1905 and num_seqs <= 11 and 11494 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 0 workloads
+#   15. total_seq_len > 1905 and num_seqs <= 22 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   16. total_seq_len > 1905 and max_seq_len <= 8189: flashinfer_direct, 43 workloads, 1.55x (1.06x .. 3.43x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 1905 and num_seqs > 5 and 8189 < max_seq_len <= 11494: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   18. total_seq_len > 1905 and num_seqs > 11 and 11494 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   19. total_seq_len > 1905 and num_seqs > 22 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
@@ -303,34 +289,25 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 8), 'mean_seq_len': (None, 12), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (8.21, 8.21, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 12), 'num_seqs': (None, 71), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (3.03, 4.36, 6.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (85, 5969), 'mean_seq_len': (12, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.15, 5.15, 5.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 85), 'mean_seq_len': (12, None), 'num_seqs': (None, 85), 'total_seq_len': (None, 181)}, 'workloads': 8, 'speedup': (4.53, 5.62, 6.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (2, 12), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.68, 1.92, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (85, 5969), 'mean_seq_len': (12, None), 'num_seqs': (1, 85), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.49, 5.49, 5.49), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (None, 3277)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (None, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 12), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.77, 7.77, 7.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, 11562), 'mean_seq_len': (12, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11562, 32720), 'mean_seq_len': (12, None), 'num_seqs': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32720, None), 'mean_seq_len': (12, None), 'num_seqs': (None, 85)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (2.67, 2.67, 2.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (120, 958), 'mean_seq_len': (None, 12)}, 'workloads': 4, 'speedup': (1.19, 1.36, 1.49), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (958, None), 'mean_seq_len': (None, 12)}, 'workloads': 2, 'speedup': (1.07, 1.09, 1.1), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 12), 'num_seqs': (2, None)}, 'workloads': 3, 'speedup': (1.97, 2.7, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 11562), 'mean_seq_len': (12, None), 'num_seqs': (5, 85)}, 'workloads': 4, 'speedup': (1.31, 1.44, 1.73), 'fallbacks': ()},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11562, 32720), 'mean_seq_len': (12, None), 'num_seqs': (11, 85)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 5), 'num_seqs': (71, None)}, 'workloads': 3, 'speedup': (1.69, 2.09, 2.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (5, 12), 'num_seqs': (71, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 8), 'mean_seq_len': (None, 12), 'total_seq_len': (17, None)}, 'workloads': 11, 'speedup': (1.4, 2.41, 3.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 42), 'mean_seq_len': (None, 12), 'num_seqs': (None, 71), 'total_seq_len': (90, None)}, 'workloads': 3, 'speedup': (1.83, 2.25, 2.81), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (12, None), 'num_seqs': (None, 85), 'total_seq_len': (181, None)}, 'workloads': 75, 'speedup': (1.18, 2.27, 7.06), 'fallbacks': ()},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (42, 120), 'mean_seq_len': (2, 12), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (85, None), 'total_seq_len': (3277, 23170)}, 'workloads': 4, 'speedup': (1.27, 1.39, 1.61), 'fallbacks': ()},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (85, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (12, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (12, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (2.89, 3.04, 3.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 44), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.15, 5.15, 5.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.03, 2.11, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (44, 127), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1905)}, 'workloads': 5, 'speedup': (4.53, 5.45, 6.67), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (None, 8), 'total_seq_len': (None, 1905)}, 'workloads': 9, 'speedup': (3.4, 6.24, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 1905)}, 'workloads': 2, 'speedup': (1.31, 1.71, 2.23), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (8, None), 'total_seq_len': (78, 724)}, 'workloads': 16, 'speedup': (1.72, 2.41, 3.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (181, 1905)}, 'workloads': 20, 'speedup': (2.55, 3.37, 4.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (181, 1905)}, 'workloads': 24, 'speedup': (1.29, 1.67, 2.02), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (8, 90), 'total_seq_len': (724, 1905)}, 'workloads': 2, 'speedup': (1.52, 1.61, 1.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (90, None), 'total_seq_len': (724, 1905)}, 'workloads': 2, 'speedup': (1.77, 1.93, 2.12), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 11494), 'num_seqs': (None, 5), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (None, 11), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 22), 'total_seq_len': (1905, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 8189), 'total_seq_len': (1905, None)}, 'workloads': 43, 'speedup': (1.06, 1.55, 3.43), 'fallbacks': ()},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 11494), 'num_seqs': (5, None), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (11, None), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (22, None), 'total_seq_len': (1905, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -495,87 +472,57 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 8.21x (8.21x .. 8.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 4.36x (3.03x .. 6.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 4 workloads, 3.04x (2.89x .. 3.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 1 and mean_seq_len > 12 and 85 < max_seq_len <= 5969:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 8 workloads, 5.62x (4.53x .. 6.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 85:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 2 workloads, 1.92x (1.68x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 1 workloads, 5.49x (5.49x .. 5.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 1 < num_seqs <= 85 and mean_seq_len > 12 and 85 < max_seq_len <= 5969:
-        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len <= 181:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 3277 and num_seqs > 85 and mean_seq_len > 12 and max_seq_len > 181:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 1 workloads, 7.77x (7.77x .. 7.77x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 12 and max_seq_len <= 2:
+    if total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 2 workloads, 2.11x (2.03x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 5 workloads, 5.45x (4.53x .. 6.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and 44 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 5 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 85 and mean_seq_len > 12 and max_seq_len > 32720:
+    # region 6: 9 workloads, 6.24x (3.40x .. 8.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1905 and num_seqs <= 8 and max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 2 workloads, 1.71x (1.31x .. 2.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1905 and mean_seq_len <= 2 and max_seq_len > 44:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 16 workloads, 2.41x (1.72x .. 3.41x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 724 and num_seqs > 8 and max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 20 workloads, 3.37x (2.55x .. 4.01x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 10: 24 workloads, 1.67x (1.29x .. 2.02x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1905 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44:
+        return 'flashinfer_direct'
+    # region 11: 2 workloads, 1.61x (1.52x .. 1.70x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1905 and 8 < num_seqs <= 90 and max_seq_len <= 44:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 12: 2 workloads, 1.93x (1.77x .. 2.12x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1905 and num_seqs > 90 and max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1905 and num_seqs <= 22 and max_seq_len > 18958:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 1 workloads, 2.67x (2.67x .. 2.67x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 2 and 42 < max_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 4 workloads, 1.36x (1.19x .. 1.49x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 12 and 120 < max_seq_len <= 958:
+    # region 16: 43 workloads, 1.55x (1.06x .. 3.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 1905 and max_seq_len <= 8189:
         return 'flashinfer_direct'
-    # region 15: 2 workloads, 1.09x (1.07x .. 1.10x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 12 and max_seq_len > 958:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 3 workloads, 2.70x (1.97x .. 3.47x) over vllm_flashinfer_prefill
-    if num_seqs > 2 and mean_seq_len <= 12 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 4 workloads, 1.44x (1.31x .. 1.73x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 85 and mean_seq_len > 12 and 5969 < max_seq_len <= 11562:
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1905 and num_seqs > 5 and 8189 < max_seq_len <= 11494:
         return 'flashinfer_direct'
-    # region 18: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 85 and mean_seq_len > 12 and 11562 < max_seq_len <= 32720:
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1905 and num_seqs > 11 and 11494 < max_seq_len <= 18958:
         return 'flashinfer_direct'
-    # region 19: 3 workloads, 2.09x (1.69x .. 2.53x) over vllm_flashinfer_prefill
-    if num_seqs > 71 and mean_seq_len <= 5 and 8 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 71 and 5 < mean_seq_len <= 12 and 8 < max_seq_len <= 42:
-        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 21: 11 workloads, 2.41x (1.40x .. 3.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 17 and mean_seq_len <= 12 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 3 workloads, 2.25x (1.83x .. 2.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 71 and mean_seq_len <= 12 and 8 < max_seq_len <= 42:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 75 workloads, 2.27x (1.18x .. 7.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 85 and mean_seq_len > 12 and max_seq_len <= 5969:
+    # region 19: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len > 1905 and num_seqs > 22 and max_seq_len > 18958:
         return 'flashinfer_direct'
-    # region 24: 1 workloads, 1.38x (1.38x .. 1.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 2 < mean_seq_len <= 12 and 42 < max_seq_len <= 120:
-        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 25: 4 workloads, 1.39x (1.27x .. 1.61x) over vllm_flashinfer_prefill
-    if 3277 < total_seq_len <= 23170 and num_seqs > 85 and mean_seq_len > 12:
-        return 'flashinfer_direct'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and 85 < num_seqs <= 181 and mean_seq_len > 12:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len <= 724:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 12 and max_seq_len > 724:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
