@@ -2,10 +2,12 @@
 host time per eager call.
 
 1. Wrapper cost (GPU): each library-backed GDN variant (FlashInfer's and fla-core's decode and
-   prefill) against the bare library call on the same inputs (gates already activated for the
-   libraries that want them, the final state into a preallocated buffer), both timed with the
-   tuner's protocol (tuner/timing.py: CUDA graphs over rotated inputs, and synchronised eager calls)
-   in one process. The target is <= 2 us (graph) over the library.
+   prefill; FlashInfer's prefill also without its context-parallel path, `.cp_off`, and with its
+   compiled kernel called directly, `flashinfer_direct`) against the bare library call on the same
+   inputs (gates already activated for the libraries that want them, the final state into a
+   preallocated buffer), both timed with the tuner's protocol (tuner/timing.py: CUDA graphs over
+   rotated inputs, and synchronised eager calls) in one process. The target is <= 2 us (graph) over
+   the library.
 2. Host time per eager call (no GPU needed): eager host + device time minus graph time of every
    variant on every workload of a results store, median and max per variant (target: <= 25 us for
    every variant a router routes to).
@@ -36,15 +38,17 @@ def bare_calls():
 
     from kdispatch.kernels.cuda.gdn import prefill_guard
 
-    def fi_prefill(args):
-        from flashinfer.gdn_prefill import chunk_gated_delta_rule
+    def fi_prefill(use_cp):
+        def make(args):
+            from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-        q, k, v, state, A_log, a, dt_bias, b, cu, scale = args
-        cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=(A_log, a, dt_bias, b))
-        final = torch.empty_like(state)
-        return lambda q, k, v, state, *_: chunk_gated_delta_rule(
-            q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state, output_final_state=True,
-            cu_seqlens=cu64, output_state=final)
+            q, k, v, state, A_log, a, dt_bias, b, cu, scale = args
+            cu64, _, alpha, beta = prefill_guard.guard(cu, q.shape[0], gates=(A_log, a, dt_bias, b))
+            final = torch.empty_like(state)
+            return lambda q, k, v, state, *_: chunk_gated_delta_rule(
+                q, k, v, g=alpha, beta=beta, scale=scale, initial_state=state, output_final_state=True,
+                cu_seqlens=cu64, output_state=final, use_cp=use_cp)
+        return make
 
     def fi_decode(args):
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
@@ -69,7 +73,9 @@ def bare_calls():
             q[None], k[None], v[None], g=a[None], beta=b[None], scale=scale, initial_state=state, A_log=A_log,
             dt_bias=dt_bias, cu_seqlens=cu64, **flags)
 
-    return {("gdn_prefill", "flashinfer"): fi_prefill, ("gdn_decode", "flashinfer"): fi_decode,
+    # `.cp_off` and `flashinfer_direct` make the call without the context-parallel path: against that one
+    return {("gdn_prefill", "flashinfer"): fi_prefill("auto"), ("gdn_prefill", "flashinfer.cp_off"): fi_prefill(False),
+            ("gdn_prefill", "flashinfer_direct"): fi_prefill(False), ("gdn_decode", "flashinfer"): fi_decode,
             ("gdn_decode", "fla_fused_recurrent"): fla_decode, ("gdn_prefill", "fla_chunk"): fla_prefill}
 
 
