@@ -991,6 +991,28 @@ def test_each_device_measured_gets_a_router_of_its_own(tmp_path, variants_a_b):
     assert not own.exists() and "without a router of their own" not in path.read_text()
 
 
+def test_a_joint_fit_left_with_one_devices_rows_is_that_devices_router(tmp_path, variants_a_b):
+    """B measured on the 141GB part only (a variant newer than the 80GB part's tune), winning there:
+    the 80GB part's workloads leave the joint fit, which is then the 141GB part's fit. It gets no
+    file of its own repeating it, and the architecture's header names it alone; the 80GB part keeps
+    its own router, fitted without B."""
+    store = build_store(DECODE, decode_workloads(), lambda n, a: None if n == "B" else decode_latency(n, a))
+    build_store(DECODE, decode_workloads(), decode_latency, env={**ENV, "device": "Fake GPU 141GB"}, into=store,
+                measured_at="2026-02-01T00:00:00Z")
+    out = tmp_path / "routers"
+    stale = out / "sm90" / "fake_gpu_141gb" / f"{DECODE}.py"  # written by an earlier fit
+    stale.parent.mkdir(parents=True)
+    stale.write_text("")
+    (_d, path, pol), = flows.compile_all(store, out, "sm90", [DECODE], stream=io.StringIO())
+    assert set(pol.devices) == {"Fake GPU 80GB"} and not stale.exists()
+    assert [r.variant for r in pol.regions] == ["A", "B"] and pol.for_device("Fake GPU 141GB") is pol
+    assert "B" not in {r.variant for r in pol.devices["Fake GPU 80GB"].regions}
+    text = path.read_text()
+    assert "# device      Fake GPU 141GB" in text and "# device      Fake GPU 80GB" not in text
+    assert "on each of" not in text and "# serves      sm90 GPUs without a router of their own" in text
+    assert (out / "sm90" / "fake_gpu_80gb" / f"{DECODE}.py").exists()
+
+
 def test_fits_on_processes_write_the_routers_one_process_writes(tmp_path, variants_a_b, monkeypatch):
     """`fit_policies` on a process pool (forced: no row floor, two jobs) yields the policies the fits in
     this process give, each device's own among them, and the messages in the same order."""

@@ -217,7 +217,7 @@ def render(policy: Policy, device: str | None = None) -> str:
     ]
     if device:
         lines.append(f"# serves      {device} GPUs, fitted on their measurements alone (other {policy.arch}: ../)")
-    elif t is not None and len(t.devices) > 1:
+    elif policy.devices or (t is not None and len(t.devices) > 1):  # other models have routers of their own
         lines.append(f"# serves      {policy.arch} GPUs without a router of their own (<model>/: fitted on one model)")
     if t is not None:
         for e in t.devices or (env,):  # fitted on each device's rows: a region wins on all of them

@@ -230,10 +230,17 @@ class Table:
                      self.weights, self.fit_names, (env,))
 
     def subset(self, uuids) -> "Table":
+        """The table on these workloads; a device none of whose workloads is left is no longer one the
+        table holds (a router's header names the devices it was fitted on)."""
         keep = set(uuids)
-        return Table(self.definition, self.arch, self.env, self.baseline, self.hashes,
-                     [u for u in self.uuids if u in keep], self.axes, self.features,
-                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights, self.fit_names, self.devices)
+        order = [u for u in self.uuids if u in keep]
+        devices = self.devices
+        if len(devices) > 1:
+            devices = tuple(e for e in devices if any(u.endswith(DEVICE_SEP + slug(e["device"])) for u in order)) \
+                or devices
+        env = self.env if self.env in devices or not devices else devices[0]
+        return Table(self.definition, self.arch, env, self.baseline, self.hashes, order, self.axes, self.features,
+                     {k: r for k, r in self.rows.items() if k[1] in keep}, self.weights, self.fit_names, devices)
 
     def with_hints(self, values: dict[str, dict[str, int]]) -> "Table":
         """The table with the definition's call-time hints (`Spec.hints`) as more fit features, on

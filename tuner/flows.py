@@ -242,7 +242,10 @@ def compile_all(store: Store, out, arch: str | None = None, definitions=None, uu
     (`Policy.devices`, routers/<arch>/<model>/; a model measured over part of it would extrapolate
     where the joint fit has rows, so the joint router serves it until its tune completes): the joint
     fit's compromises cost a measured model regret (H100 held-out, 2026-11-28: pool prefill qk8
-    28.9% -> 1.8% mean, verify_steps qk2 5.4% -> 1.8%, decode 1.4% -> 0.4%, graph calls)."""
+    28.9% -> 1.8% mean, verify_steps qk2 5.4% -> 1.8%, decode 1.4% -> 0.4%, graph calls). Where the
+    joint fit keeps one model's rows alone (the others lack a variant's rows, `_without_unmeasured`:
+    the H100's prefills without `flashinfer_direct`), that model's router is the architecture's,
+    whose header names it alone: a file of its own would repeat it."""
     stream = stream or sys.stderr
     done = []
     for a, d, policy in fit_policies(store, arch, definitions, uuids, stream, params, hints):
@@ -277,6 +280,8 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
             tables = [(None, joint)]
             if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
                 for name in (e["device"] for e in table.devices):
+                    if [e["device"] for e in joint.devices] == [name]:
+                        continue  # the joint fit kept this device's rows alone: it is that fit already
                     own = _without_unmeasured(table.on_device(name), said, f"route {name}", params)
                     short = _short_of(own, joint.measured_range())
                     if short:  # its own fit would extrapolate where the joint one has measurements

@@ -6,10 +6,8 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
-# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # measured    up to 2026-11-29T22:11:26Z
-# workloads   132 on each of 2 devices (workload-set digest aaf19f9483c4a210)
+# workloads   132 (workload-set digest aaf19f9483c4a210)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x

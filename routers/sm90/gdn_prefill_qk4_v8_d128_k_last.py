@@ -6,10 +6,8 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# device      NVIDIA H100 80GB HBM3 (sm90), driver 580.159.04
-# software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
 # measured    up to 2026-11-29T20:05:34Z
-# workloads   298 on each of 2 devices (workload-set digest 8bc581a5106cc8a8)
+# workloads   298 (workload-set digest 8bc581a5106cc8a8)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   flashinfer                       4938b5b542b777bc  298/298  1.00x
