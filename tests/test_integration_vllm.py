@@ -222,16 +222,20 @@ def test_decode_and_other_sigmoid_gating_calls_reach_vllm(monkeypatch, fake_vllm
 
 def vllm_prefill_call(seqs=4, total=40, dtype=torch.float32):
     """vLLM's prefill arguments at TP 4 (q/k [1, T, 4, 128] L2-normalised by its post-conv prep, v
-    [1, T, 8, 128], g/beta [1, T, 8] fp32, the states gathered per sequence and zeroed where a
-    sequence has none, int32 boundaries; fla's call adds a flat output buffer longer than the
-    output), and the gdn_prefill_gathered reference's argument tuple for the same call."""
+    [1, T, 8, 128] a view into the projection row it was split from, g/beta [1, T, 8] fp32, the
+    states gathered per sequence and zeroed where a sequence has none, int32 boundaries; fla's call
+    adds a flat output buffer longer than the output), and the gdn_prefill_gathered reference's
+    argument tuple for the same call (v contiguous)."""
     w = {"axes": {"total_seq_len": total, "num_seqs": seqs, "num_slots": seqs + 1}, "inputs": {},
          "uuid": f"vllm-prefill-{total}"}
     q, k, v, g, beta, pool, idx, _, cu, out, scale = materialize("gdn_prefill_pool_qk4_v8", w, seed=5)
     q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(torch.bfloat16) for x in (q, k))
     gathered = pool[idx.long()].to(dtype)
     gathered[1] = 0  # a sequence with no initial state, zeroed by vLLM
-    kw = dict(q=q[None], k=k[None], v=v[None], g=g[None], beta=beta[None], initial_state=gathered,
+    mixed = torch.cat([q.reshape(total, -1), k.reshape(total, -1), v.reshape(total, -1)], dim=1)
+    v_view = mixed[:, 1024:].view(total, 8, 128)  # as vLLM's split of mixed_qkv leaves it: rows 2,048 wide
+    assert not v_view.is_contiguous() and torch.equal(v_view, v)
+    kw = dict(q=q[None], k=k[None], v=v_view[None], g=g[None], beta=beta[None], initial_state=gathered,
               output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
     ref = [q, k, v, g, beta, gathered.float().clone(), cu, out, None]
     return kw, ref

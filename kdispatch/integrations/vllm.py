@@ -61,7 +61,10 @@ SWITCH = "KDISPATCH_VLLM"
 # swaps served the gdn_prefill_pool routers, fitted against SGLang's prefill: gather, FlashInfer,
 # scatter; vLLM gathers and scatters around the swapped call either way, so kernels that won only
 # by skipping the gather lost to vLLM's bare FlashInfer call: H100, 2026-11-27,
-# benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x).
+# benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x). Measured with the
+# gathered routers on an H200 (2026-11-30, benchmarks/results/vllm-kernels-prefill-H200.json), once
+# those definitions took vLLM's v, a view into its projection row (every call had raised and gone
+# back to vLLM): graph 1.27x mean / 1.00x min, eager 1.20x / 0.89x, slower eagerly at 2 of 10 shapes.
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"

@@ -490,6 +490,8 @@ def _gathered_prefill_spec(hq: int, hv: int) -> Spec:
         fit=pool.fit, main=pool.main, derived=pool.derived,
         hints={"max_seq_len": Hint("tokens of the longest sequence", longest_gathered)},
         in_place={"output": "out", "final_state": "initial_state"},
+        # vLLM splits q/k/v out of one projection: v reaches the call as a view (q/k as normalised copies)
+        strided=frozenset({"q", "k", "v"}),
         rotation=GATHERED_ROTATION, floor=floor_gathered_prefill, check_values=check_prefill_values,
         model_scalars=pool.model_scalars,
         tolerances={"output": pool.tolerances["output"], "final_state": pool.tolerances["new_state_pool"]},
