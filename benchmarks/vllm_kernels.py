@@ -22,10 +22,13 @@ The layer's convolution, gating and projections are the same on both sides and a
 Per call: outputs and states of the two sides must agree (bf16 output within 5e-2, states within
 1e-2 relative to their norm); CUDA-graph time over input sets whose slots rotate through a pool
 larger than 4x the L2; eager time (host + device, synchronised, the sides alternating call by call,
-the quartiles of the paired speedups). Needs vLLM's Python files and `regex` on the GPU host
-(benchmarks/stage_engines.sh); prints a table and a summary, writes JSON.
+the quartiles of the paired speedups); host time (until the call returns, device idle:
+benchmarks/hosttime.py), and with --profile where the plugin's goes (cProfile). Needs vLLM's Python
+files and `regex` on the GPU host (benchmarks/stage_engines.sh); prints a table and a summary,
+writes JSON.
 
     python benchmarks/vllm_kernels.py [--families decode prefill prefill_fla] [--heads 32 16 8 4] [--json out.json]
+                                      [--profile]
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ import torch
 from kdispatch.integrations import vllm as plugin
 from kdispatch.tuner import timing
 
+from hosttime import host_breakdown, host_us  # noqa: E402  (benchmarks/ is the script folder)
 from sglang_layer import DECODE, EXTEND, _eager_interleaved, decode_calls, extend_calls, print_summary  # noqa: E402
 
 LAYER_FILE = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"  # under vLLM's package folder
@@ -123,7 +127,7 @@ def prefill_method(kernel, hinted: bool):
     return run
 
 
-def measure(family: str, hv: int, shape, l2: int, device, fns: dict) -> dict:
+def measure(family: str, hv: int, shape, l2: int, device, fns: dict, profile: bool = False) -> dict:
     if family == "decode":
         sets, written = decode_sets(hv, shape, l2, device)
         methods = {"vllm": decode_method(fns[plugin.KERNEL]), "kdispatch": decode_method(plugin.packed_decode_call)}
@@ -147,6 +151,9 @@ def measure(family: str, hv: int, shape, l2: int, device, fns: dict) -> dict:
             marker = torch.empty(0, device=device)  # the timing helpers find the device in each set
             times, _ = timing.graph_times_us(lambda _, c, m=method: m(c), [[marker, c] for c in sets])
             row[f"{who}_graph_us"] = statistics.median(times)
+            row[f"{who}_host_us"] = host_us(method, (sets[0],))
+            if profile and who == "kdispatch":
+                row["kdispatch_host_profile"] = host_breakdown(method, (sets[0],))
         except Exception as exc:
             row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"[:300]
             methods = {w: m for w, m in methods.items() if w != who}
@@ -173,6 +180,7 @@ def main() -> None:
     ap.add_argument("--families", nargs="*", default=["decode", "prefill"], choices=["decode", "prefill", "prefill_fla"])
     ap.add_argument("--heads", nargs="*", type=int, default=[32, 16, 8, 4])
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/vllm-kernels-H100.json"))
+    ap.add_argument("--profile", action="store_true", help="where the plugin's host time goes, per shape")
     opts = ap.parse_args()
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -184,7 +192,7 @@ def main() -> None:
     for family in opts.families:
         for hv in opts.heads:
             for shape in shapes[family]:
-                r = measure(family, hv, shape, l2, device, fns)
+                r = measure(family, hv, shape, l2, device, fns, opts.profile)
                 rows.append(r)
                 f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
                 x = lambda k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
@@ -193,6 +201,8 @@ def main() -> None:
                       f"{x('speedup_eager'):>7}  {r.get('agree', '-')}"
                       + "".join(f"  {w}: {r[w + '_error']}" for w in ("vllm", "kdispatch") if w + "_error" in r),
                       flush=True)
+                for line in r.get("kdispatch_host_profile", []):
+                    print(f"    {line}")
     print("\nsummary: the plugin's speedup over vLLM's function (mean, min over shapes and head counts)")
     print_summary(rows, opts.families, ("graph", "eager"))
     print(f"  served / passed: decode {plugin.STATS}, prefill {plugin.PREFILL_STATS}")
