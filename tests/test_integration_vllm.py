@@ -287,7 +287,10 @@ def test_uncovered_prefill_calls_reach_vllm(monkeypatch, fake_vllm, kernels_here
     module.fi_chunk_gated_delta_rule(**{**kw, "initial_state": kw["initial_state"][:3]})  # 3 states, 4 sequences
     module.fla_chunk_gated_delta_rule(**kw, core_attn_out=torch.empty(8, 8, 128, dtype=torch.bfloat16))  # too short
     module.fla_chunk_gated_delta_rule(**{**kw, "initial_state": kw["initial_state"].double()})
-    assert calls == [("fi", torch.float32), ("fi", torch.float32), ("fla", torch.float32), ("fla", torch.float64)]
+    for kernel in (module.fi_chunk_gated_delta_rule, module.fla_chunk_gated_delta_rule):  # q/k left to the kernel to normalise
+        kernel(**{**kw, "use_qk_l2norm_in_kernel": True})
+    assert calls == [("fi", torch.float32), ("fi", torch.float32), ("fla", torch.float32), ("fla", torch.float64),
+                     ("fi", torch.float32), ("fla", torch.float32)]
     assert plugin.PREFILL_STATS["first_pass_reason"] is not None
 
 

@@ -19,21 +19,24 @@ _batch: dict = {"lengths": None}  # (sequences, longest sequence) of the batch t
 
 def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.float32,),
                 kind: str = "prefill_pool") -> str | None:
-    """Why the `kind` definitions ("prefill_pool", "prefill_gathered": the states one slot per
-    sequence) do not cover the call (None: they do); `pool_dtypes` the pool dtypes the caller
-    accepts (one it converts to fp32 itself)."""
-    hv = v.shape[-2] if v.dim() >= 2 else None
+    """Why the `kind` definitions ("prefill_pool", "prefill_gathered": the states one per sequence,
+    `slots` None) do not cover the call (None: they do); `pool_dtypes` the pool dtypes the caller
+    accepts (one it converts to fp32 itself). Asked on every eager prefill call: plain attribute
+    reads, no views built."""
+    hv = v.shape[-2] if v.dim() == 3 else None
     if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
         return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
-    if not all(x.dtype == torch.bfloat16 for x in (q, k, v)) or g.dtype != torch.float32 or beta.dtype != torch.float32:
+    bf16, fp32 = torch.bfloat16, torch.float32
+    if q.dtype != bf16 or k.dtype != bf16 or v.dtype != bf16 or g.dtype != fp32 or beta.dtype != fp32:
         return f"q/k/v of {q.dtype}, gates of {g.dtype}"
-    if pool.dtype not in pool_dtypes or pool.dim() != 4 or tuple(pool.shape[1:]) != (hv, DIM, DIM):
+    if pool.dtype not in pool_dtypes or pool.dim() != 4 or pool.shape[1:] != (hv, DIM, DIM):
         return f"state pool {pool.dtype} {tuple(pool.shape)}"
-    if slots.dtype != torch.int32 or slots.dim() != 1 or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
-        return f"slots {slots.dtype} / boundaries {cu_seqlens.dtype}"
-    if slots.shape[0] != cu_seqlens.shape[0] - 1:
-        return f"{slots.shape[0]} slots for {cu_seqlens.shape[0] - 1} sequences"
-    if any(x.stride(-1) != 1 for x in (q, k, v, pool)) or not (g.is_contiguous() and beta.is_contiguous()):
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
+        return f"boundaries {cu_seqlens.dtype} of {cu_seqlens.dim()} dims"
+    if slots is not None and (slots.dtype != torch.int32 or slots.dim() != 1 or slots.shape[0] != cu_seqlens.shape[0] - 1):
+        return f"slots {slots.dtype} {tuple(slots.shape)} for {cu_seqlens.shape[0] - 1} sequences"
+    if (q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or pool.stride(-1) != 1
+            or not (g.is_contiguous() and beta.is_contiguous())):
         return "an input whose last dimension is strided, or strided gates"
     return serving.not_served(serving.gdn_short(kind, hv), v.device)
 

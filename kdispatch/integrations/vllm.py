@@ -28,7 +28,8 @@ vLLM's function:
   sequences (`ssm_state[indices]`, a copy, zeroed where a sequence has no initial state) and
   scatters the returned final states back; kdispatch writes the final states over the gathered ones
   and returns them (bf16 states, Qwen3-Next's default, are converted to fp32 first, as vLLM's
-  FlashInfer path does). vLLM's q/k are L2-normalised already, as the definitions want. Calls with
+  FlashInfer path does). vLLM's layer normalises q/k before the call, as the definitions want (a call asking the
+  kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). Calls with
   FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, and so does every call
   where those definitions have no router for the GPU yet (`serving.not_served`). They are routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
   `GDNAttentionMetadataBuilder` is wrapped to note the batch's prefill count and
@@ -52,7 +53,6 @@ import os
 
 import torch
 
-from kdispatch.definitions.gdn.gathered import identity_slots
 from kdispatch.integrations import packed_decode, pool_prefill, serving, verify
 
 SWITCH = "KDISPATCH_VLLM"
@@ -64,7 +64,9 @@ SWITCH = "KDISPATCH_VLLM"
 # benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x). Measured with the
 # gathered routers on an H200 (2026-11-30, benchmarks/results/vllm-kernels-prefill-H200.json), once
 # those definitions took vLLM's v, a view into its projection row (every call had raised and gone
-# back to vLLM): graph 1.27x mean / 1.00x min, eager 1.20x / 0.89x, slower eagerly at 2 of 10 shapes.
+# back to vLLM) and the swap's own checks were cut from 50-100 us to 35-65 us of an eager call
+# (benchmarks/results/vllm-prefill-parts-H200.json): graph 1.27x mean / 1.00x min, eager 1.26x /
+# 0.96x, no shape slower beyond the paired spread; still opt-in until an H100 run says the same.
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
@@ -225,39 +227,47 @@ def sigmoid_gating_call(A_log, a, b, dt_bias, q, k, v, beta=1.0, threshold=20.0,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs))
 
 
-def _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest) -> str | None:
-    if not output_final_state or initial_state is None or cu_seqlens is None:
-        return "no final state asked for, no initial states, or no boundaries"
-    if q.dim() != 4 or q.shape[0] != 1 or v.dim() != 4 or g.dim() != 3 or beta.dim() != 3:
-        return "inputs not [1, T, ...]"
-    n = initial_state.shape[0] if initial_state.dim() == 4 else -1
-    if n != cu_seqlens.shape[0] - 1:
-        return f"initial states {tuple(initial_state.shape)} for {cu_seqlens.shape[0] - 1} sequences"
-    short = serving.gdn_short(PREFILL_KIND, v.shape[2])
-    if serving.given_back(short, v.shape[2], v.device, lambda: pool_prefill.axes(v.shape[1], n, max_seq_len=longest)):
-        return f"{short}: routed to the baseline for this shape"
-    return pool_prefill.not_covered(q[0], k[0], v[0], g[0], beta[0], initial_state, identity_slots(n, q.device),
-                                    cu_seqlens, PREFILL_POOL_DTYPES, kind=PREFILL_KIND)
-
-
-def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest):
-    """The gathered states' prefill (gdn_prefill_gathered): (o [1, T, HV, V], final states fp32)."""
-    states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
-    total, heads, width = v.shape[1:]
-    if core_attn_out is None:
-        out = torch.empty(total, heads, width, dtype=torch.bfloat16, device=v.device)
-    else:  # its leading elements, as fla fills it
-        out = core_attn_out.reshape(-1)[:total * heads * width].view(total, heads, width)
-    pool_prefill.serve_gathered(q[0], k[0], v[0], g[0], beta[0], states, cu_seqlens, out, scale, max_seq_len=longest)
-    return out[None], states
-
-
-def _prefill_or_engine(why, v, serve, engine):
-    """A prefill call kdispatch covers (why is None) served by `serve`, else by the engine's function."""
+def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, l2norm_in_kernel,
+                  scale=None, core_attn_out=None, why=None):
+    """A prefill call of vLLM's served by kdispatch (gdn_prefill_gathered) where its definitions cover
+    it and `why` (the caller's own reason not to) is None, else by `engine()`. Asked on every eager
+    prefill: the checks read attributes only, the [T, ...] views are built once, past the router's
+    hand-back (the swap over the op's own call: 50-100 us of an eager call before, 35-65 us since;
+    H200, 2026-11-30, benchmarks/vllm_prefill_parts.py)."""
+    if why is None:
+        why = ("no final state asked for, no initial states, or no boundaries"
+               if not output_final_state or initial_state is None or cu_seqlens is None else
+               "q/k to be L2-normalised in the kernel (the definitions take them normalised)" if l2norm_in_kernel else
+               "inputs not [1, T, ...]" if q.dim() != 4 or q.shape[0] != 1 or v.dim() != 4 or g.dim() != 3
+               or beta.dim() != 3 or initial_state.dim() != 4 else
+               f"initial states {tuple(initial_state.shape)} for {cu_seqlens.shape[0] - 1} sequences"
+               if initial_state.shape[0] != cu_seqlens.shape[0] - 1 else None)
+    if why is None:
+        n, hv = initial_state.shape[0], v.shape[2]
+        short = serving.gdn_short(PREFILL_KIND, hv)
+        longest = pool_prefill.batch_longest(n)
+        if serving.given_back(short, hv, v.device, lambda: pool_prefill.axes(v.shape[1], n, max_seq_len=longest)):
+            why = f"{short}: routed to the baseline for this shape"
+        else:
+            q, k, v, g, beta = q[0], k[0], v[0], g[0], beta[0]
+            why = pool_prefill.not_covered(q, k, v, g, beta, initial_state, None, cu_seqlens, PREFILL_POOL_DTYPES,
+                                           kind=PREFILL_KIND)
     if why is not None:
         serving.passed(PREFILL_STATS, why)
         return engine()
-    return serving.attempt(PREFILL_STATS, serving.gdn_short(PREFILL_KIND, v.shape[2]), v.device, serve, engine)
+    return serving.attempt(PREFILL_STATS, short, v.device, lambda: _prefill(q, k, v, g, beta, scale, initial_state,
+                                                                            cu_seqlens, core_attn_out, longest), engine)
+
+
+def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest):
+    """The gathered states' prefill on [T, ...] inputs: (o [1, T, HV, V], final states fp32)."""
+    states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
+    if core_attn_out is None:
+        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+    else:  # its leading elements, as fla fills it
+        out = core_attn_out.reshape(-1)[:v.numel()].view(v.shape)
+    pool_prefill.serve_gathered(q, k, v, g, beta, states, cu_seqlens, out, scale, max_seq_len=longest)
+    return out[None], states
 
 
 def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None, use_qk_l2norm_in_kernel=True,
@@ -270,12 +280,10 @@ def fi_chunk_call(q, k, v, g, beta, initial_state, output_final_state, cu_seqlen
             checkpoint_cu_starts=checkpoint_cu_starts, checkpoint_every_n_tokens=checkpoint_every_n_tokens,
             use_cp=use_cp)
 
-    longest = pool_prefill.batch_longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
     why = ("FlashInfer state checkpoints" if state_checkpoints is not None or checkpoint_every_n_tokens else
-           "context parallel asked for" if use_cp is True else
-           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest))
-    return _prefill_or_engine(why, v, lambda: _prefill(q, k, v, g, beta, None, initial_state, cu_seqlens, None, longest),
-                              engine)
+           "context parallel asked for" if use_cp is True else None)
+    return _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
+                         use_qk_l2norm_in_kernel, why=why)
 
 
 def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
@@ -288,13 +296,11 @@ def fla_chunk_call(q, k, v, g, beta, scale=None, initial_state=None, output_fina
             output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
             chunk_offsets=chunk_offsets, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, core_attn_out=core_attn_out)
 
-    longest = pool_prefill.batch_longest(cu_seqlens.shape[0] - 1) if cu_seqlens is not None else None
     why = ("an output buffer that is not a contiguous bf16 one of at least the output's size"
            if core_attn_out is not None and not (core_attn_out.dtype == torch.bfloat16 and core_attn_out.is_contiguous()
-                                                 and core_attn_out.numel() >= v.numel()) else
-           _prefill_not_covered(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, longest))
-    return _prefill_or_engine(
-        why, v, lambda: _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest), engine)
+                                                 and core_attn_out.numel() >= v.numel()) else None)
+    return _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
+                         use_qk_l2norm_in_kernel, scale, core_attn_out, why)
 
 
 SWAPS = ((KERNEL, packed_decode_call), (VERIFY_KERNEL, sigmoid_gating_call), (FI_PREFILL, fi_chunk_call),
