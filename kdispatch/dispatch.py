@@ -47,7 +47,6 @@ launch, no wrapper host time).
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -80,14 +79,17 @@ class BaselineChosen(Exception):
     """A call inside `handing_back_baseline()` was routed to the definition's baseline; nothing ran."""
 
 
-@contextlib.contextmanager
-def handing_back_baseline():
-    """Calls in this context that the router sends to the baseline raise BaselineChosen instead."""
-    token = _HAND_BACK.set(True)
-    try:
-        yield
-    finally:
-        _HAND_BACK.reset(token)
+class handing_back_baseline:  # noqa: N801 - used as a function: `with handing_back_baseline():`
+    """Calls in this context that the router sends to the baseline raise BaselineChosen instead. A
+    class rather than a generator: a plugin enters it on every call (0.35 us against 1 us)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _HAND_BACK.set(True)
+
+    def __exit__(self, *exc) -> None:
+        _HAND_BACK.reset(self._token)
 
 _captures = 0  # CUDA graphs being captured in this process through torch.cuda.CUDAGraph
 

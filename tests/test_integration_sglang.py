@@ -95,6 +95,27 @@ def test_uncovered_calls_go_to_sglangs_kernel():
         == "12 value heads of 128"
 
 
+def test_a_covered_decode_layout_is_remembered_and_no_other(monkeypatch):
+    """The decode checks run once per layout kdispatch covers; a call differing in any dtype, size
+    or stride from every remembered one is checked again."""
+    args, kw = sglang_call()
+    mixed, a, b = args[0], args[1], args[2]
+    pool, slots, hv = kw["ssm_states"], kw["cache_indices"], kw["num_v_heads"]
+    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
+    monkeypatch.setattr(packed_decode, "_covered_layouts", {})
+    assert packed_decode.not_covered(mixed, a, b, pool, slots, hv, 128) is None
+    checked = []
+    real = packed_decode._layout_not_covered
+    monkeypatch.setattr(packed_decode, "_layout_not_covered", lambda *x: checked.append(1) or real(*x))
+    assert packed_decode.not_covered(mixed.clone(), a.clone(), b.clone(), pool, slots, hv, 128) is None
+    assert checked == [], "the same layout again: not checked again"
+    wide = torch.zeros(mixed.shape[0], mixed.shape[1] * 2, dtype=mixed.dtype)[:, ::2]  # last dimension strided
+    for call, want in (((wide, a, b, pool, slots), "strided"), ((mixed, a, b, pool.to(torch.bfloat16), slots), "pool"),
+                       ((mixed, a, b, pool, slots.long()), "slot indices"), ((mixed, a.float(), b, pool, slots), "gates")):
+        assert want in packed_decode.not_covered(*call, hv, 128)
+    assert len(checked) == 4
+
+
 def sglang_extend_call(total=40, seqs=4, slots=7, seed=0):
     """SGLang's extend arguments for Qwen3-Next at TP 4 (q/k [1, T, 4, 128] and v [1, T, 8, 128] as
     views of one projection row, g/beta [1, T, 8] fp32, an fp32 pool, int32 slots and boundaries),
