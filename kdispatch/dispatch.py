@@ -223,7 +223,10 @@ class Dispatcher:
         self._tensors = operator.itemgetter(*self.checker.tensor_positions)
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         self._seen_once: dict = {}  # first tensors' shapes that had a one-off decision (keys only)
-        self._gives_back: dict = {}  # (arch, mode, strided, *axes) -> whether plugins give the call back
+        # (arch, mode, strided, *features) -> (variant, whether plugins get the call back), for the
+        # decisions not cached with a call signature: a plugin's `gives_back` and the one-off call
+        # that follows it with the same features (a prefill's new token count) are routed once
+        self._decisions: dict = {}
         self._routers: dict = {}  # arch -> {mode: route(**axes) -> variant name(s)}, or None
         self._model_routers: dict = {}  # (arch, GPU model) -> the same, of the model's own router
         self._set_by_hand: set = set()  # archs whose router `set_router` replaced (model routers too)
@@ -304,9 +307,7 @@ class Dispatcher:
         cache = e.hinted[mode]
         if len(cache) >= MAX_HINTED_PER_ENTRY:
             cache.clear()
-        features = self._hinted_features(e, values)
-        v = self.choose(e.arch, features, mode, e.strided)
-        hit = cache[values] = (v, v.baseline or self.hands_back(e.arch, features, mode))
+        hit = cache[values] = self._decision(e.arch, self._hinted_features(e, values), mode, e.strided)
         return hit
 
     def _hinted_failed(self, e: _Entry, v, values: tuple, exc: Exception, args):
@@ -316,7 +317,7 @@ class Dispatcher:
             raise exc
         features = self._hinted_features(e, values)
         self._failed.add((v.name.split(CONTIGUOUS_COPIES)[0], e.arch, tuple(features.items())))
-        self._gives_back.clear()
+        self._decisions.clear()
         for cache in e.hinted.values():
             cache.clear()
         self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
@@ -395,8 +396,7 @@ class Dispatcher:
         """A one-off entry: the choice for these shape features in `mode`."""
         arch = _arch.arch_of(self._tensors(args)[0].device)
         strided = self.checker.is_strided(args)
-        v = self.choose(arch, axes, mode, strided)
-        back = self.hands_back(arch, axes, mode)
+        v, back = self._decision(arch, axes, mode, strided)
         return _Entry(_never, v, v, tuple(axes.items()), arch, strided, (back, back))
 
     def _cached_signature(self, args) -> _Entry:
@@ -607,21 +607,27 @@ class Dispatcher:
     def gives_back(self, arch: str, axes: dict, mode: str = "graph", strided: bool = False) -> bool:
         """Does an engine plugin's call (`handing_back_baseline`) with these shape features go back to
         the engine's own kernel in `mode`: the baseline serves it, or its region is handed back?
-        Remembered per shape (a plugin asks on every call, before building one: the router and the
-        fallback chain cost more than the rest of a handed-back call), forgotten as the decisions are."""
-        key = (arch, mode, strided, *axes.items())
-        back = self._gives_back.get(key)
-        if back is None:
-            back = self.choose(arch, axes, mode, strided).baseline or self.hands_back(arch, axes, mode)
-            self._gives_back[key] = back
-            if len(self._gives_back) > MAX_SEEN_ONCE:
-                del self._gives_back[next(iter(self._gives_back))]
-        return back
+        `strided`: the call will pass strided views (a region's strided-capable variant may serve
+        them where the baseline would serve contiguous ones). Asked before every plugin call."""
+        return self._decision(arch, axes, mode, strided)[1]
+
+    def _decision(self, arch: str, features: dict, mode: str, strided: bool) -> tuple:
+        """(variant, whether plugins get the call back) for these shape features, remembered per
+        features and forgotten with the dispatcher's decisions: the router and the fallback chain
+        cost more than the rest of a handed-back call."""
+        key = (arch, mode, strided, *features.items())
+        hit = self._decisions.get(key)
+        if hit is None:
+            v = self.choose(arch, features, mode, strided)
+            hit = self._decisions[key] = (v, v.baseline or self.hands_back(arch, features, mode))
+            if len(self._decisions) > MAX_SEEN_ONCE:
+                del self._decisions[next(iter(self._decisions))]
+        return hit
 
     def reset(self) -> None:
         self._entries.clear()
         self._seen_once.clear()
-        self._gives_back.clear()
+        self._decisions.clear()
         self._last = None  # the entry of the previous call (a fast path; always guarded)
         self._failed.clear()
         self._copies.clear()
@@ -635,7 +641,7 @@ class Dispatcher:
         if failed.name.split(CONTIGUOUS_COPIES)[0] == base.name:
             raise exc
         self._failed.add((failed.name.split(CONTIGUOUS_COPIES)[0], e.arch, e.axes))
-        self._gives_back.clear()  # a shape whose variant failed may now go back
+        self._decisions.clear()  # a shape whose variant failed is decided again
         e.set(self.choose(e.arch, dict(e.axes), strided=e.strided), self.choose(e.arch, dict(e.axes), "eager", e.strided))
         nxt = (e.eager or e.variant) if eager else e.variant
         to_base = nxt.name.split(CONTIGUOUS_COPIES)[0] == base.name

@@ -337,6 +337,30 @@ def test_a_call_passing_the_hints_is_routed_with_them():
             registry.unregister(POOL, name)
 
 
+def test_a_plugins_question_and_the_call_that_follows_are_routed_once():
+    """A prefill of a new token count: the plugin asks `gives_back` with the call's features, then
+    calls the op with the same features (its first such shape, a one-off decision): the router runs
+    once; a call passing strided views is decided apart from a contiguous one."""
+    registry.discover()
+    served = []
+    registry.register(Variant(POOL, "fake_hinted", lambda *a: served.append(1) or (a[9], a[5]), "torch", ("cpu",)))
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill_pool_qk4_v8"]
+    asked = []
+    try:
+        d.set_router("cpu", lambda **axes: "fake_hinted", route_hinted=lambda **axes: asked.append(axes) or "fake_hinted")
+        args = materialize(POOL, {"axes": {"total_seq_len": 8, "num_seqs": 2, "num_slots": 3}, "inputs": {},
+                                  "uuid": "asked-once"})
+        features = {"total_seq_len": 8, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3, "max_seq_len": 5}
+        assert not d.gives_back("cpu", features, "eager")
+        kdispatch.ops.gdn_prefill_pool(*args[:9], out=args[9], max_seq_len=5)
+        assert served == [1] and len(asked) == 1, "routed once for the question and the call"
+        d.gives_back("cpu", features, "eager", strided=True)
+        assert len(asked) == 2, "strided views: a decision of their own"
+    finally:
+        d.set_router("cpu", None)
+        registry.unregister(POOL, "fake_hinted")
+
+
 def test_a_hinted_call_whose_variant_raises_goes_to_the_next_in_its_chain():
     """A variant chosen by the hints that raises is marked failed for those features, warned about
     once, and the call (and the next with the same hints) is served by the chain's next variant."""

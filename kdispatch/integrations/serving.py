@@ -52,15 +52,25 @@ def not_served(short: str, device) -> str | None:
     return _decided[key]
 
 
-def gives_back(short: str, device, axes: dict) -> bool:
+def gives_back(short: str, device, axes: dict, strided: bool = False) -> bool:
     """Would the router give a plugin call of `short` with these variable axes back to the engine
     (its baseline's region, or one it hands back, in this call's mode)? Asked before the call's
     arguments are built, so that such a call costs the engine a few microseconds of host time, not
-    the views, buffers and checks of a kdispatch call. A False here is no promise: `attempt` still
+    the views, buffers and checks of a kdispatch call. `strided`: the call passes strided views
+    where the definition takes them (`strided_views`); with the same features the op's own decision
+    for the call is then this one, not routed again. A False here is no promise: `attempt` still
     gives back whatever the dispatcher decides to."""
     d = _dispatchers.get(short) or _dispatcher(short)
     here = _archs.get(device) or _arch(device)
-    return d.gives_back(here, axes, "graph" if dispatch.capturing() else "eager")
+    return d.gives_back(here, axes, "graph" if dispatch.capturing() else "eager", strided)
+
+
+def strided_views(*tensors) -> bool:
+    """Is any of these (the inputs a definition takes as views) not contiguous?"""
+    for t in tensors:
+        if not t.is_contiguous():
+            return True
+    return False
 
 
 # asked on every engine call: looked up once (the imports alone cost a handed-back call ~1 us)
@@ -80,11 +90,13 @@ def _arch(device) -> str:
     return _archs.setdefault(device, arch.arch_of(device))
 
 
-def given_back(short: str, value_heads: int, device, axes) -> bool:
+def given_back(short: str, value_heads: int, device, axes, views: tuple = ()) -> bool:
     """`gives_back` for a call of a head count the GDN definitions cover, on a device where kdispatch
     serves `short`, else False (the call's own checks then say why). `axes()`: the definition's
-    variable axes of the call, built only when asked."""
-    return value_heads in HEADS and not_served(short, device) is None and gives_back(short, device, axes())
+    variable axes of the call, built only when asked; `views`: the call's tensors the definition
+    takes as views (its spec's `strided` inputs)."""
+    return (value_heads in HEADS and not_served(short, device) is None
+            and gives_back(short, device, axes(), strided_views(*views)))
 
 
 def passed(stats: dict, why: str) -> None:

@@ -168,7 +168,8 @@ def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ou
            or not out.is_contiguous() else
            f"{short}: routed to the baseline for this shape"
            if serving.given_back(short, heads, mixed_qkv.device,
-                                 lambda: packed_decode.axes(mixed_qkv.shape[0], initial_state)) else
+                                 lambda: packed_decode.axes(mixed_qkv.shape[0], initial_state),
+                                 (mixed_qkv, a, b, initial_state)) else
            packed_decode.not_covered(mixed_qkv, a, b, initial_state, ssm_state_indices, heads, width))
     if why is not None:
         serving.passed(STATS, why)
@@ -246,7 +247,8 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
         n, hv = initial_state.shape[0], v.shape[2]
         short = serving.gdn_short(PREFILL_KIND, hv)
         longest = pool_prefill.batch_longest(n)
-        if serving.given_back(short, hv, v.device, lambda: pool_prefill.axes(v.shape[1], n, max_seq_len=longest)):
+        if serving.given_back(short, hv, v.device, lambda: pool_prefill.axes(v.shape[1], n, max_seq_len=longest),
+                              (q, k, v)):
             why = f"{short}: routed to the baseline for this shape"
         else:
             q, k, v, g, beta = q[0], k[0], v[0], g[0], beta[0]
