@@ -102,7 +102,7 @@ def test_a_covered_decode_layout_is_remembered_and_no_other(monkeypatch):
     mixed, a, b = args[0], args[1], args[2]
     pool, slots, hv = kw["ssm_states"], kw["cache_indices"], kw["num_v_heads"]
     monkeypatch.setattr(serving, "not_served", lambda short, device: None)
-    monkeypatch.setattr(packed_decode, "_covered_layouts", {})
+    monkeypatch.setattr(serving, "_covered_layouts", {})
     assert packed_decode.not_covered(mixed, a, b, pool, slots, hv, 128) is None
     checked = []
     real = packed_decode._layout_not_covered
@@ -218,6 +218,27 @@ def test_sglang_verify_is_served_by_kdispatch(all_hooked, kernels_here):
     torch.testing.assert_close(got[0], want_out, rtol=0, atol=0)
     torch.testing.assert_close(kw["intermediate_states_buffer"], want_inter, rtol=0, atol=0)
     assert torch.equal(kw["ssm_states"], pool_before), "verify never writes the pool"
+
+
+def test_a_covered_verify_layout_is_remembered_and_no_other(monkeypatch):
+    from kdispatch.integrations import verify
+
+    kw, _ = sglang_verify_call()
+    q, k, v = (kw[n][0] for n in ("q", "k", "v"))
+    a, b, pool, buffer, rows = kw["a"], kw["b"], kw["ssm_states"], kw["intermediate_states_buffer"], \
+        kw["intermediate_state_indices"]
+    slots, cu = kw["cache_indices"], kw["query_start_loc"]
+    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
+    monkeypatch.setattr(serving, "_covered_layouts", {})
+    checked = []
+    real = verify._layout_not_covered
+    monkeypatch.setattr(verify, "_layout_not_covered", lambda *x: checked.append(1) or real(*x))
+    for _ in range(2):
+        assert verify.not_covered(q, k, v, a, b, pool, slots, cu, buffer, rows) is None
+    assert checked == [1], "checked once for the layout"
+    assert "int32" in verify.not_covered(q, k, v, a, b, pool, slots.long(), cu, buffer, rows)
+    assert "buffer" in verify.not_covered(q, k, v, a, b, pool, slots, cu, buffer.to(torch.bfloat16), rows)
+    assert "buffer" in verify.not_covered(q, k, v, a, b, pool, slots, cu, None, rows)
 
 
 def test_draft_trees_go_to_sglangs_verify_kernel():

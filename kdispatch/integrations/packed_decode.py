@@ -15,25 +15,14 @@ from kdispatch.integrations import serving
 from kdispatch.integrations.serving import HEADS  # value heads (q/k heads: half)
 DIM = 128
 _fp32: dict = {}  # id of a layer's A_log / dt_bias -> (weak reference, version, its float32 copy)
-_covered_layouts: dict = {}  # (value heads, head dim) -> guards of call layouts found covered, newest first
-MAX_LAYOUTS = 8  # a serving loop's batch sizes come and go: the newest few are kept
 
 
 def not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int) -> str | None:
-    """Why kdispatch's definitions do not cover a packed decode call (None: they do). Asked on every
-    decode call of every layer, which repeat a batch's layout: a layout found covered is remembered
-    by a guard on its tensors' dtypes, sizes and strides (~0.5 us against ~3 us of checks)."""
-    key = (num_v_heads, head_v_dim)
-    guards = _covered_layouts.get(key, ())
-    for guard in guards:
-        if guard(mixed_qkv, a, b, pool, slots):
-            break
-    else:
-        why = _layout_not_covered(mixed_qkv, a, b, pool, slots, num_v_heads, head_v_dim)
-        if why is not None:
-            return why
-        _covered_layouts[key] = (dispatch.make_guard((mixed_qkv, a, b, pool, slots)), *guards)[:MAX_LAYOUTS]
-    return serving.not_served(serving.gdn_short("decode_packed", num_v_heads), mixed_qkv.device)
+    """Why kdispatch's definitions do not cover a packed decode call (None: they do)."""
+    why = serving.layout_not_covered(
+        ("decode_packed", num_v_heads, head_v_dim), (mixed_qkv, a, b, pool, slots),
+        lambda: _layout_not_covered(mixed_qkv, a, b, pool, slots, num_v_heads, head_v_dim))
+    return why or serving.not_served(serving.gdn_short("decode_packed", num_v_heads), mixed_qkv.device)
 
 
 def _layout_not_covered(mixed_qkv, a, b, pool, slots, num_v_heads: int, head_v_dim: int) -> str | None:

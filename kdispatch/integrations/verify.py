@@ -16,18 +16,26 @@ from kdispatch.integrations.packed_decode import DIM, HEADS, as_fp32
 
 
 def not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | None:
+    if buffer is None or rows is None:
+        return "no intermediate-states buffer, or no cache rows"
+    why = serving.layout_not_covered(("verify",), (q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows),
+                                     lambda: _layout_not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows))
+    return why or serving.not_served(serving.gdn_short("verify", v.shape[-2]), v.device)
+
+
+def _layout_not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | None:
     why = _inputs_not_covered(q, k, v, a, b, pool)
     if why is not None:
         return why
     hv = v.shape[-2]
-    if buffer is None or buffer.dtype != torch.float32 or buffer.dim() != 5 or tuple(buffer.shape[2:]) != (hv, DIM, DIM) \
+    if buffer.dtype != torch.float32 or buffer.dim() != 5 or tuple(buffer.shape[2:]) != (hv, DIM, DIM) \
             or not buffer.is_contiguous():
         return "no contiguous fp32 intermediate-states buffer [rows, steps, HV, 128, 128]"
-    if any(x is None or x.dtype != torch.int32 or x.dim() != 1 for x in (slots, cu_seqlens, rows)):
+    if any(x.dtype != torch.int32 or x.dim() != 1 for x in (slots, cu_seqlens, rows)):
         return "slots, cache rows and boundaries must be int32 vectors"
     if slots.shape[0] != cu_seqlens.shape[0] - 1 or rows.shape[0] != slots.shape[0]:
         return f"{slots.shape[0]} slots and {rows.shape[0]} cache rows for {cu_seqlens.shape[0] - 1} requests"
-    return serving.not_served(serving.gdn_short("verify", hv), v.device)
+    return None
 
 
 def axes(total_seq_len: int, num_seqs: int, pool, buffer) -> dict:
@@ -50,6 +58,13 @@ def _inputs_not_covered(q, k, v, a, b, pool) -> str | None:
 
 
 def not_covered_steps(q, k, v, a, b, pool, step_slots, accepted, cu_seqlens) -> str | None:
+    why = serving.layout_not_covered(("verify_steps",), (q, k, v, a, b, pool, step_slots, accepted, cu_seqlens),
+                                     lambda: _steps_layout_not_covered(q, k, v, a, b, pool, step_slots, accepted,
+                                                                       cu_seqlens))
+    return why or serving.not_served(serving.gdn_short("verify_steps", v.shape[-2]), v.device)
+
+
+def _steps_layout_not_covered(q, k, v, a, b, pool, step_slots, accepted, cu_seqlens) -> str | None:
     why = _inputs_not_covered(q, k, v, a, b, pool)
     if why is not None:
         return why
@@ -58,7 +73,7 @@ def not_covered_steps(q, k, v, a, b, pool, step_slots, accepted, cu_seqlens) -> 
     if step_slots.dim() != 2 or step_slots.stride(1) != 1 or step_slots.shape[0] != accepted.shape[0] \
             or cu_seqlens.shape[0] != accepted.shape[0] + 1:
         return f"step slots {tuple(step_slots.shape)}, {accepted.shape[0]} counts, {cu_seqlens.shape[0]} boundaries"
-    return serving.not_served(serving.gdn_short("verify_steps", v.shape[-2]), v.device)
+    return None
 
 
 def serve_steps(q, k, v, a, b, A_log, dt_bias, pool, step_slots, accepted, cu_seqlens, scale=None) -> torch.Tensor:
