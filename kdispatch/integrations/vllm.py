@@ -64,9 +64,9 @@ SWITCH = "KDISPATCH_VLLM"
 # benchmarks/vllm_kernels.py, 8 of 20 shapes 0.78-0.95x in graphs, mean 1.24x). Measured with the
 # gathered routers on an H200 (2026-11-30, benchmarks/results/vllm-kernels-prefill-H200.json), once
 # those definitions took vLLM's v, a view into its projection row (every call had raised and gone
-# back to vLLM) and the swap's own checks were cut from 50-100 us to 35-65 us of an eager call
-# (benchmarks/results/vllm-prefill-parts-H200.json): graph 1.27x mean / 1.00x min, eager 1.26x /
-# 0.96x, no shape slower beyond the paired spread; still opt-in until an H100 run says the same.
+# back to vLLM) and the swap's own checks were trimmed (benchmarks/results/vllm-prefill-parts-H200.json),
+# no shape is slower than vLLM's call beyond the paired spread, in graphs or eagerly; still opt-in
+# until an H100 run says the same.
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
