@@ -233,8 +233,7 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
     """A prefill call of vLLM's served by kdispatch (gdn_prefill_gathered) where its definitions cover
     it and `why` (the caller's own reason not to) is None, else by `engine()`. Asked on every eager
     prefill: the checks read attributes only, the [T, ...] views are built once, past the router's
-    hand-back (the swap over the op's own call: 50-100 us of an eager call before, 35-65 us since;
-    H200, 2026-11-30, benchmarks/vllm_prefill_parts.py)."""
+    hand-back (what that saved an eager call: benchmarks/results/vllm-prefill-parts*-H200.json)."""
     if why is None:
         why = ("no final state asked for, no initial states, or no boundaries"
                if not output_final_state or initial_state is None or cu_seqlens is None else
