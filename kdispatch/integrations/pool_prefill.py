@@ -33,7 +33,8 @@ def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.fl
         return f"state pool {pool.dtype} {tuple(pool.shape)}"
     if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
         return f"boundaries {cu_seqlens.dtype} of {cu_seqlens.dim()} dims"
-    if slots is not None and (slots.dtype != torch.int32 or slots.dim() != 1 or slots.shape[0] != cu_seqlens.shape[0] - 1):
+    if slots is not None and (slots.dtype != torch.int32 or slots.dim() != 1
+                              or slots.shape[0] != cu_seqlens.shape[0] - 1):
         return f"slots {slots.dtype} {tuple(slots.shape)} for {cu_seqlens.shape[0] - 1} sequences"
     if (q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or pool.stride(-1) != 1
             or not (g.is_contiguous() and beta.is_contiguous())):

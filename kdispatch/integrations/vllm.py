@@ -28,10 +28,11 @@ vLLM's function:
   sequences (`ssm_state[indices]`, a copy, zeroed where a sequence has no initial state) and
   scatters the returned final states back; kdispatch writes the final states over the gathered ones
   and returns them (bf16 states, Qwen3-Next's default, are converted to fp32 first, as vLLM's
-  FlashInfer path does). vLLM's layer normalises q/k before the call, as the definitions want (a call asking the
-  kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). Calls with
-  FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, and so does every call
-  where those definitions have no router for the GPU yet (`serving.not_served`). They are routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
+  FlashInfer path does). vLLM's layer normalises q/k before the call, as the definitions want (a
+  call asking the kernel to normalise them, `use_qk_l2norm_in_kernel=True`, stays vLLM's). Calls
+  with FlashInfer state checkpoints (prefix caching's "align" mode) stay vLLM's, and so does every
+  call where those definitions have no router for the GPU yet (`serving.not_served`). They are
+  routed with the batch's longest query as `max_seq_len`: `build` of vLLM's
   `GDNAttentionMetadataBuilder` is wrapped to note the batch's prefill count and
   `common_attn_metadata.max_query_len` (host-side, no sync) for the prefill calls with as many
   sequences. That is the longest prefill exactly, unless a speculative-decode request of the same
