@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", help="variants called directly besides the op's eager choice")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--profile", action="store_true", help="where the plugin's and the op's host time goes (cProfile)")
+    ap.add_argument("--profile", action="store_true", help="where the host time of the plugin, the op and the plugin's checks goes (cProfile)")
     opts = ap.parse_args()
     device = torch.device("cuda")
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -129,7 +129,7 @@ def main() -> None:
               f"{us['op'] - us[f'{choice} (direct)']:+.1f}, vllm - engine {us['vllm'] - us['engine']:+.1f},"
               f" plugin - vllm {us['plugin'] - us['vllm']:+.1f}")
         if opts.profile:
-            for n in ("plugin", "op"):
+            for n in ("plugin", "op", "plugin checks"):
                 row[f"{n}_host_profile"] = host_breakdown(parts[n], timed_sets[0])
                 print(f"  {n} under cProfile:\n" + "\n".join(f"    {line}" for line in row[f"{n}_host_profile"]))
     if opts.json:
