@@ -26,6 +26,9 @@
 #   bash benchmarks/retune.sh sanitize         compute-sanitizer memcheck over every CUDA / Triton variant
 #   bash benchmarks/retune.sh layer            SGLang's GDN kernel classes with and without the plugin
 #                                              (benchmarks/sglang_layer.py; after the engines-deps bundle's setup)
+#   bash benchmarks/retune.sh vllm-layer       vLLM's GDN layer calls with and without the plugin (benchmarks/vllm_kernels.py:
+#                                              packed decode and the prefill segment; after the engines-deps and
+#                                              engines-vllm bundles' setup)
 #   bash benchmarks/retune.sh engine-bench     pool and gathered (vLLM) prefill and both verify contracts: every
 #                                              variant and the routed op against the engine's default path
 #                                              (benchmarks/gdn_engine.py)
@@ -134,6 +137,9 @@ print(*sorted({v.name for n in sys.argv[1:] for v in r.variants(d.resolve_name(n
   layer)
     timeout 500 python benchmarks/sglang_layer.py --json benchmarks/results/sglang-layer-$GPU.json 2>&1 | tail -75
     keep benchmarks/results/sglang-layer-$GPU.json ;;
+  vllm-layer)
+    timeout 500 python benchmarks/vllm_kernels.py --json benchmarks/results/vllm-kernels-$GPU.json 2>&1 | tail -50
+    keep benchmarks/results/vllm-kernels-$GPU.json ;;
   sanitize)
     timeout 240 python tests/gpu/sanitize.py --tools memcheck --timeout 200 --json "$OUT/sanitize.json" > "$OUT/sanitize.txt" 2>&1
     tail -25 "$OUT/sanitize.txt" ;;
