@@ -142,13 +142,14 @@ def _never(*tensors) -> bool:
     return False
 
 
-def make_guard(tensors):
+def make_guard(tensors, open_first: bool = False):
     """A callable(*tensors) -> bool that is True exactly when every tensor has the same
-    dtype, device, sizes and strides as `tensors`."""
+    dtype, device, sizes and strides as `tensors`; with `open_first`, any size of each tensor's
+    first dimension (without dynamo's C++ guards: the same sizes)."""
     if _TensorGuards is not None:
         try:
-            g = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                              dynamic_dims_strides=[list(t.stride()) for t in tensors])
+            sizes = [[None, *t.shape[1:]] if open_first and t.dim() else list(t.shape) for t in tensors]
+            g = _TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=[list(t.stride()) for t in tensors])
             if g.check(*tensors):
                 return g.check
         except Exception:

@@ -264,6 +264,31 @@ def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_her
         assert out.data_ptr() == buffer.data_ptr() and torch.isnan(buffer[40:]).all()
 
 
+def test_a_covered_prefill_layout_is_checked_once_whatever_the_token_count(monkeypatch):
+    """The prefill checks run once per layout kdispatch covers, not once per token count (engines
+    prefill a new one nearly every call); the counts themselves are compared on every call."""
+    from kdispatch.integrations import pool_prefill, serving
+
+    kw, _ = vllm_prefill_call(seqs=4, total=40)
+    q, k, v, g, beta = (kw[n][0] for n in ("q", "k", "v", "g", "beta"))
+    states, cu = kw["initial_state"], kw["cu_seqlens"]
+    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
+    monkeypatch.setattr(serving, "_covered_layouts", {})
+    checked = []
+    real = pool_prefill._layout_not_covered
+    monkeypatch.setattr(pool_prefill, "_layout_not_covered", lambda *x: checked.append(1) or real(*x))
+
+    def asked(*args, slots=None):
+        return pool_prefill.not_covered(*args, slots, cu, plugin.PREFILL_POOL_DTYPES, kind=plugin.PREFILL_KIND)
+
+    assert asked(q, k, v, g, beta, states) is None
+    assert asked(q[:24], k[:24], v[:24], g[:24], beta[:24], states[:2]) is None
+    assert checked == [1], "another token count and sequence count: the layout is not checked again"
+    assert "tokens" in asked(q, k, v[:24], g, beta, states)
+    assert "gates" in asked(q, k, v, g.double(), beta, states)
+    assert len(checked) == 2
+
+
 def test_prefill_stays_vllms_without_its_switch(monkeypatch, fake_vllm, fake_builder):
     """KDISPATCH_VLLM alone swaps decode and verification, not prefill, and leaves the metadata
     builder unwrapped."""

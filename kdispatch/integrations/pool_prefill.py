@@ -21,25 +21,39 @@ def not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes=(torch.fl
                 kind: str = "prefill_pool") -> str | None:
     """Why the `kind` definitions ("prefill_pool", "prefill_gathered": the states one per sequence,
     `slots` None) do not cover the call (None: they do); `pool_dtypes` the pool dtypes the caller
-    accepts (one it converts to fp32 itself). Asked on every eager prefill call: plain attribute
-    reads, no views built."""
+    accepts (one it converts to fp32 itself). Asked on every prefill call, of a new token count
+    nearly every time: the layout is checked once (`serving.layout_not_covered`), the counts here."""
+    tensors = (q, k, v, g, beta, pool, cu_seqlens) if slots is None else (q, k, v, g, beta, pool, cu_seqlens, slots)
+    why = serving.layout_not_covered((kind, pool_dtypes, slots is None), tensors,
+                                     lambda: _layout_not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes))
+    if why is None:
+        t = q.shape[0]
+        if k.shape[0] != t or v.shape[0] != t or g.shape[0] != t or beta.shape[0] != t:
+            why = f"q/k/v/g/beta of {q.shape[0]}/{k.shape[0]}/{v.shape[0]}/{g.shape[0]}/{beta.shape[0]} tokens"
+        elif slots is not None and slots.shape[0] != cu_seqlens.shape[0] - 1:
+            why = f"{slots.shape[0]} slots for {cu_seqlens.shape[0] - 1} sequences"
+    return why or serving.not_served(serving.gdn_short(kind, v.shape[-2]), v.device)
+
+
+def _layout_not_covered(q, k, v, g, beta, pool, slots, cu_seqlens, pool_dtypes) -> str | None:
     hv = v.shape[-2] if v.dim() == 3 else None
-    if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
+    if hv not in HEADS or v.shape[-1] != DIM or q.shape[1:] != (hv // 2, DIM) or k.shape[1:] != q.shape[1:]:
         return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
     bf16, fp32 = torch.bfloat16, torch.float32
     if q.dtype != bf16 or k.dtype != bf16 or v.dtype != bf16 or g.dtype != fp32 or beta.dtype != fp32:
         return f"q/k/v of {q.dtype}, gates of {g.dtype}"
+    if g.dim() != 2 or beta.dim() != 2 or g.shape[1] != hv or beta.shape[1] != hv:
+        return f"gates {tuple(g.shape)} / {tuple(beta.shape)} (want [T, {hv}])"
     if pool.dtype not in pool_dtypes or pool.dim() != 4 or pool.shape[1:] != (hv, DIM, DIM):
         return f"state pool {pool.dtype} {tuple(pool.shape)}"
     if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1:
         return f"boundaries {cu_seqlens.dtype} of {cu_seqlens.dim()} dims"
-    if slots is not None and (slots.dtype != torch.int32 or slots.dim() != 1
-                              or slots.shape[0] != cu_seqlens.shape[0] - 1):
-        return f"slots {slots.dtype} {tuple(slots.shape)} for {cu_seqlens.shape[0] - 1} sequences"
+    if slots is not None and (slots.dtype != torch.int32 or slots.dim() != 1):
+        return f"slots {slots.dtype} of {slots.dim()} dims"
     if (q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1 or pool.stride(-1) != 1
             or not (g.is_contiguous() and beta.is_contiguous())):
         return "an input whose last dimension is strided, or strided gates"
-    return serving.not_served(serving.gdn_short(kind, hv), v.device)
+    return None
 
 
 def axes(total_seq_len: int, num_seqs: int, pool=None, max_seq_len: int | None = None) -> dict:

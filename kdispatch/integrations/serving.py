@@ -100,17 +100,18 @@ def given_back(short: str, value_heads: int, device, axes, views: tuple = ()) ->
 
 
 def layout_not_covered(key: tuple, tensors: tuple, check) -> str | None:
-    """`check()`: why kdispatch's definitions do not cover a call (None: they do), from its tensors'
-    dtypes, sizes and strides alone. Asked on every call of every layer, which repeat a batch's
-    layout: a layout found covered under `key` (the call's other facts) is remembered by a guard on
-    `tensors` (~0.5 us against a few us of checks)."""
+    """`check()`: why kdispatch's definitions do not cover a call (None: they do), from each of its
+    tensors' dtype, rank, strides and sizes after the first dimension (the first: a batch's tokens,
+    requests or slots, which change from call to call; the caller compares them across tensors on
+    every call). Asked on every call of every layer: a layout found covered under `key` (the call's
+    other facts) is remembered by a guard on `tensors` (~0.5 us against a few us of checks)."""
     guards = _covered_layouts.get(key, ())
     for guard in guards:
         if guard(*tensors):
             return None
     why = check()
     if why is None:
-        _covered_layouts[key] = (dispatch.make_guard(tensors), *guards)[:MAX_LAYOUTS]
+        _covered_layouts[key] = (dispatch.make_guard(tensors, open_first=True), *guards)[:MAX_LAYOUTS]
     return why
 
 

@@ -20,6 +20,10 @@ def not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) -> str | N
         return "no intermediate-states buffer, or no cache rows"
     why = serving.layout_not_covered(("verify",), (q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows),
                                      lambda: _layout_not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows))
+    if why is None and (k.shape[0] != q.shape[0] or slots.shape[0] != cu_seqlens.shape[0] - 1
+                        or rows.shape[0] != slots.shape[0]):
+        why = (f"{k.shape[0]} keys for {q.shape[0]} tokens, or {slots.shape[0]} slots and {rows.shape[0]} cache rows "
+               f"for {cu_seqlens.shape[0] - 1} requests")
     return why or serving.not_served(serving.gdn_short("verify", v.shape[-2]), v.device)
 
 
@@ -33,8 +37,6 @@ def _layout_not_covered(q, k, v, a, b, pool, slots, cu_seqlens, buffer, rows) ->
         return "no contiguous fp32 intermediate-states buffer [rows, steps, HV, 128, 128]"
     if any(x.dtype != torch.int32 or x.dim() != 1 for x in (slots, cu_seqlens, rows)):
         return "slots, cache rows and boundaries must be int32 vectors"
-    if slots.shape[0] != cu_seqlens.shape[0] - 1 or rows.shape[0] != slots.shape[0]:
-        return f"{slots.shape[0]} slots and {rows.shape[0]} cache rows for {cu_seqlens.shape[0] - 1} requests"
     return None
 
 
@@ -46,7 +48,7 @@ def axes(total_seq_len: int, num_seqs: int, pool, buffer) -> dict:
 
 def _inputs_not_covered(q, k, v, a, b, pool) -> str | None:
     hv = v.shape[-2] if v.dim() >= 2 else None
-    if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape != q.shape:
+    if hv not in HEADS or v.shape[-1] != DIM or q.shape[-2:] != (hv // 2, DIM) or k.shape[1:] != q.shape[1:]:
         return f"q {tuple(q.shape)}, v {tuple(v.shape)} (want {sorted(HEADS)} value heads, half as many q/k, of {DIM})"
     if not all(x.dtype == torch.bfloat16 for x in (q, k, v, a, b)):
         return f"q/k/v of {q.dtype}, gates of {a.dtype}"
@@ -61,6 +63,10 @@ def not_covered_steps(q, k, v, a, b, pool, step_slots, accepted, cu_seqlens) -> 
     why = serving.layout_not_covered(("verify_steps",), (q, k, v, a, b, pool, step_slots, accepted, cu_seqlens),
                                      lambda: _steps_layout_not_covered(q, k, v, a, b, pool, step_slots, accepted,
                                                                        cu_seqlens))
+    if why is None and (k.shape[0] != q.shape[0] or step_slots.shape[0] != accepted.shape[0]
+                        or cu_seqlens.shape[0] != accepted.shape[0] + 1):
+        why = (f"{k.shape[0]} keys for {q.shape[0]} tokens, or step slots {tuple(step_slots.shape)}, "
+               f"{accepted.shape[0]} counts, {cu_seqlens.shape[0]} boundaries")
     return why or serving.not_served(serving.gdn_short("verify_steps", v.shape[-2]), v.device)
 
 
@@ -68,11 +74,11 @@ def _steps_layout_not_covered(q, k, v, a, b, pool, step_slots, accepted, cu_seql
     why = _inputs_not_covered(q, k, v, a, b, pool)
     if why is not None:
         return why
-    if any(x.dtype != torch.int32 for x in (step_slots, accepted, cu_seqlens)) or accepted.dim() != 1:
+    if any(x.dtype != torch.int32 for x in (step_slots, accepted, cu_seqlens)) or accepted.dim() != 1 \
+            or cu_seqlens.dim() != 1:
         return "step slots, accepted counts and boundaries must be int32"
-    if step_slots.dim() != 2 or step_slots.stride(1) != 1 or step_slots.shape[0] != accepted.shape[0] \
-            or cu_seqlens.shape[0] != accepted.shape[0] + 1:
-        return f"step slots {tuple(step_slots.shape)}, {accepted.shape[0]} counts, {cu_seqlens.shape[0]} boundaries"
+    if step_slots.dim() != 2 or step_slots.stride(1) != 1:
+        return f"step slots {tuple(step_slots.shape)}"
     return None
 
 
