@@ -22,7 +22,8 @@ The layer's convolution, gating and projections are the same on both sides and a
 Per call: outputs and states of the two sides must agree (bf16 output within 5e-2, states within
 1e-2 relative to their norm); CUDA-graph time over input sets whose slots rotate through a pool
 larger than 4x the L2; eager time (host + device, synchronised, the sides alternating call by call,
-the quartiles of the paired speedups); host time (until the call returns, device idle:
+the quartiles of the paired speedups; for prefill also with a new token count every call,
+`eager_new`: the sets cut to T - 1, T - 2, ... tokens); host time (until the call returns, device idle:
 benchmarks/hosttime.py), and with --profile where the plugin's goes (cProfile). Needs vLLM's Python
 files and `regex` on the GPU host (benchmarks/stage_engines.sh); prints a table and a summary,
 writes JSON.
@@ -48,7 +49,7 @@ from kdispatch.integrations import vllm as plugin
 from kdispatch.tuner import timing
 
 from hosttime import host_breakdown, host_us  # noqa: E402  (benchmarks/ is the script folder)
-from sglang_layer import DECODE, EXTEND, _eager_interleaved, decode_calls, extend_calls, print_summary  # noqa: E402
+from sglang_layer import DECODE, EXTEND, MODES, _eager_interleaved, decode_calls, extend_calls, print_summary  # noqa: E402
 
 LAYER_FILE = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"  # under vLLM's package folder
 
@@ -99,6 +100,18 @@ def prefill_sets(hv: int, seqs: int, total: int, l2: int, device, l2norm) -> tup
     has_initial = torch.ones(seqs, dtype=torch.bool, device=device)
     return [dict(q=q, k=k, v=v, g=g, beta=beta, pool=pool, slots=kw["cache_indices"], has_initial=has_initial,
                  cu_seqlens=kw["query_start_loc"], lens=lens) for _, kw, _ in calls], pool
+
+
+def trimmed_prefill(c: dict, drop: int) -> dict:
+    """A prefill set on its first T - drop tokens (boundaries clamped: the last sequences shorter or
+    empty): a token count the dispatcher has not seen, as engines send nearly every prefill."""
+    t = c["v"].shape[1] - drop
+    starts = [sum(c["lens"][:i]) for i in range(len(c["lens"]))]
+    cut = {**c, **{n: c[n][:, :t] for n in ("q", "k", "v", "g", "beta")}, "cu_seqlens": c["cu_seqlens"].clamp(max=t),
+           "lens": [max(0, min(s + n, t) - s) for s, n in zip(starts, c["lens"])]}
+    if "fla" in c:
+        cut["fla"] = fla_chunk_metadata(cut["cu_seqlens"])
+    return cut
 
 
 def decode_method(kernel):
@@ -162,12 +175,17 @@ def measure(family: str, hv: int, shape, l2: int, device, fns: dict, profile: bo
         for who, us in _eager_interleaved({w: (lambda m: lambda c: m(c))(m) for w, m in methods.items()},
                                           [((c,), {}) for c in sets], device, reps).items():
             row[f"{who}_eager_us" if who != "speedup" else "speedup_eager_quartiles"] = us
+        if family != "decode":  # every call a new token count, as engines prefill
+            fresh = [trimmed_prefill(sets[i % len(sets)], 1 + i) for i in range(reps)]
+            for who, us in _eager_interleaved({w: (lambda m: lambda c: m(c))(m) for w, m in methods.items()},
+                                              [((c,), {}) for c in fresh], device, reps).items():
+                row[f"{who}_eager_new_us" if who != "speedup" else "speedup_eager_new_quartiles"] = us
     if len(results) == 2:
         (o1, s1), (o2, s2) = results["vllm"], results["kdispatch"]
         row["max_abs_out_diff"] = float((o1.float() - o2.float()).abs().max())
         row["state_rel_diff"] = float((s1 - s2).norm() / s1.norm().clamp_min(1e-30))
         row["agree"] = bool(row["max_abs_out_diff"] <= 5e-2 and row["state_rel_diff"] <= 1e-2)
-    for mode in ("graph", "eager"):
+    for mode in MODES:
         if f"vllm_{mode}_us" in row and f"kdispatch_{mode}_us" in row:
             row[f"speedup_{mode}"] = row[f"vllm_{mode}_us"] / row[f"kdispatch_{mode}_us"]
     return row
@@ -204,7 +222,7 @@ def main() -> None:
                 for line in r.get("kdispatch_host_profile", []):
                     print(f"    {line}")
     print("\nsummary: the plugin's speedup over vLLM's function (mean, min over shapes and head counts)")
-    print_summary(rows, opts.families, ("graph", "eager"))
+    print_summary(rows, opts.families, MODES)
     print(f"  served / passed: decode {plugin.STATS}, prefill {plugin.PREFILL_STATS}")
     import vllm
 
