@@ -167,6 +167,19 @@ def routed_to_baseline(monkeypatch, short: str, baseline: str):
     return d, asked
 
 
+def counted_layout_checks(monkeypatch, module, name: str) -> list:
+    """A plugin's layout check `module.name` counted (one entry per run) with no layout remembered
+    yet, on a machine taken as one where kdispatch serves (`serving.not_served`)."""
+    from kdispatch.integrations import serving
+
+    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
+    monkeypatch.setattr(serving, "_covered_layouts", {})
+    checked = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *x: checked.append(1) or real(*x))
+    return checked
+
+
 def with_an_empty_sequence(short: str, args: list) -> list:
     """A prefill's arguments (any convention with `cu_seqlens`) with its last sequence that owns a
     state made empty, its tokens joined to the sequence before it, and its state continued (pool:

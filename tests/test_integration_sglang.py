@@ -17,7 +17,7 @@ from kdispatch.integrations import packed_decode  # noqa: E402
 from kdispatch.integrations import serving  # noqa: E402
 from kdispatch.integrations import sglang as plugin  # noqa: E402
 from kdispatch.workloads import materialize  # noqa: E402
-from conftest import routed_to_baseline  # noqa: E402
+from conftest import counted_layout_checks, routed_to_baseline  # noqa: E402
 
 
 def sglang_call(batch=6, slots=9, seed=0):
@@ -101,19 +101,15 @@ def test_a_covered_decode_layout_is_remembered_and_no_other(monkeypatch):
     args, kw = sglang_call()
     mixed, a, b = args[0], args[1], args[2]
     pool, slots, hv = kw["ssm_states"], kw["cache_indices"], kw["num_v_heads"]
-    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
-    monkeypatch.setattr(serving, "_covered_layouts", {})
+    checked = counted_layout_checks(monkeypatch, packed_decode, "_layout_not_covered")
     assert packed_decode.not_covered(mixed, a, b, pool, slots, hv, 128) is None
-    checked = []
-    real = packed_decode._layout_not_covered
-    monkeypatch.setattr(packed_decode, "_layout_not_covered", lambda *x: checked.append(1) or real(*x))
     assert packed_decode.not_covered(mixed.clone(), a.clone(), b.clone(), pool, slots, hv, 128) is None
-    assert checked == [], "the same layout again: not checked again"
+    assert checked == [1], "the same layout again: not checked again"
     wide = torch.zeros(mixed.shape[0], mixed.shape[1] * 2, dtype=mixed.dtype)[:, ::2]  # last dimension strided
     for call, want in (((wide, a, b, pool, slots), "strided"), ((mixed, a, b, pool.to(torch.bfloat16), slots), "pool"),
                        ((mixed, a, b, pool, slots.long()), "slot indices"), ((mixed, a.float(), b, pool, slots), "gates")):
         assert want in packed_decode.not_covered(*call, hv, 128)
-    assert len(checked) == 4
+    assert len(checked) == 5
 
 
 def sglang_extend_call(total=40, seqs=4, slots=7, seed=0):
@@ -228,11 +224,7 @@ def test_a_covered_verify_layout_is_remembered_and_no_other(monkeypatch):
     a, b, pool, buffer, rows = kw["a"], kw["b"], kw["ssm_states"], kw["intermediate_states_buffer"], \
         kw["intermediate_state_indices"]
     slots, cu = kw["cache_indices"], kw["query_start_loc"]
-    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
-    monkeypatch.setattr(serving, "_covered_layouts", {})
-    checked = []
-    real = verify._layout_not_covered
-    monkeypatch.setattr(verify, "_layout_not_covered", lambda *x: checked.append(1) or real(*x))
+    checked = counted_layout_checks(monkeypatch, verify, "_layout_not_covered")
     for _ in range(2):
         assert verify.not_covered(q, k, v, a, b, pool, slots, cu, buffer, rows) is None
     assert checked == [1], "checked once for the layout"

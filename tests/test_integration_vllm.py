@@ -18,7 +18,7 @@ from kdispatch.integrations import serving
 from kdispatch.integrations import vllm as plugin
 from kdispatch.workloads import materialize
 
-from conftest import routed_to_baseline
+from conftest import counted_layout_checks, routed_to_baseline
 
 LAYER = plugin.LAYER_MODULES[0]
 
@@ -267,16 +267,12 @@ def test_vllm_prefill_is_served_by_kdispatch(monkeypatch, fake_vllm, kernels_her
 def test_a_covered_prefill_layout_is_checked_once_whatever_the_token_count(monkeypatch):
     """The prefill checks run once per layout kdispatch covers, not once per token count (engines
     prefill a new one nearly every call); the counts themselves are compared on every call."""
-    from kdispatch.integrations import pool_prefill, serving
+    from kdispatch.integrations import pool_prefill
 
     kw, _ = vllm_prefill_call(seqs=4, total=40)
     q, k, v, g, beta = (kw[n][0] for n in ("q", "k", "v", "g", "beta"))
     states, cu = kw["initial_state"], kw["cu_seqlens"]
-    monkeypatch.setattr(serving, "not_served", lambda short, device: None)
-    monkeypatch.setattr(serving, "_covered_layouts", {})
-    checked = []
-    real = pool_prefill._layout_not_covered
-    monkeypatch.setattr(pool_prefill, "_layout_not_covered", lambda *x: checked.append(1) or real(*x))
+    checked = counted_layout_checks(monkeypatch, pool_prefill, "_layout_not_covered")
 
     def asked(*args, slots=None):
         return pool_prefill.not_covered(*args, slots, cu, plugin.PREFILL_POOL_DTYPES, kind=plugin.PREFILL_KIND)
