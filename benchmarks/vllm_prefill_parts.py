@@ -1,15 +1,16 @@
 """Where the vLLM prefill swap's eager time goes, on the GPU machine: the call alone (no gather or
 scatter around it), on the same rotated input sets, timed in turns (`timing.eager_rounds_us`):
 - `vllm`: vLLM's own `fi_chunk_gated_delta_rule` (compiled from its layer file, benchmarks/vllm_kernels.py);
-- `plugin`: the swapped call, `kdispatch.integrations.vllm.fi_chunk_call` (its checks, then the op);
-- `op`: `kdispatch.ops.gdn_prefill_gathered` with the batch's longest sequence (what the plugin calls),
-  and `op (new out)` with a new output buffer per call, as the plugin allocates one;
+- `plugin`: the swapped call, `kdispatch.integrations.vllm.fi_chunk_call` (its checks, then the variant
+  its `gives_back` decided, `serving.serve_decided`: no validation or signature look-up in the op);
+- `op`: `kdispatch.ops.gdn_prefill_gathered` with the batch's longest sequence (what a caller other
+  than the plugin pays), and `op (new out)` with a new output buffer per call;
 - `plugin checks`: the swapped call with the op replaced by a no-op (its checks and buffers alone);
 - `<variant> (direct)`: the op's eager choice and each variant named, called directly, and
   `engine`: the baseline's engine call, what the tuner times as vLLM's (kernels/library/gdn/vllm.py);
 - `empty call`: the protocol's floor (two synchronisations and a Python call).
-plugin - op is what the plugin's own checks cost an eager call, op - its choice's direct call what
-dispatch costs, and vllm - engine whether the tuner's baseline is vLLM's call.
+plugin - its choice's direct call is what the plugin costs an eager call, op - its choice's direct call
+what the op's dispatch costs, and vllm - engine whether the tuner's baseline is vLLM's call.
 
     python benchmarks/vllm_prefill_parts.py --case 32:4:2048 --case 8:16:16384 [--variants NAME ...]
                                             [--rounds 200] [--json out.json] [--profile]

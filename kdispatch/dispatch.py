@@ -612,6 +612,34 @@ class Dispatcher:
         them where the baseline would serve contiguous ones). Asked before every plugin call."""
         return self._decision(arch, axes, mode, strided)[1]
 
+    def serve_decided(self, arch: str, features: dict, strided: bool, args):
+        """An engine plugin's call that its own checks found covered (every tensor's layout, the
+        counts across them) and that `gives_back` has just decided with these features (the
+        definition's variable axes, and its hints where the engine knows them): served by that
+        decision's variant, with no signature look-up, validation or entry, which for a prefill of
+        a new token count were most of the op's host time. BaselineChosen where the engine's kernel
+        should serve it; a variant that raises is marked failed for these features and the next
+        choice serves. The checked mode (KDISPATCH_CHECK) and torch.compile's tracing call the op
+        as any caller does."""
+        if self.checked or _is_compiling():
+            return self(*args, **{h: features[h] for h in self.hints if h in features})
+        if self._per_call is not None:
+            self._per_call(args)
+        v, back = self._decision(arch, features, "graph" if capturing() else "eager", strided)
+        if back:
+            raise BaselineChosen(self.short)
+        try:
+            return v.fn(*args)
+        except Exception as exc:
+            name = v.name.split(CONTIGUOUS_COPIES)[0]
+            if name == registry.baseline(self.definition, arch).name:
+                raise
+            self._failed.add((name, arch, tuple(features.items())))
+            self._decisions.clear()
+            self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
+                                                 f"{features}; the next choice serves this shape from now on")
+            return self.serve_decided(arch, features, strided, args)
+
     def _decision(self, arch: str, features: dict, mode: str, strided: bool) -> tuple:
         """(variant, whether plugins get the call back) for these shape features, remembered per
         features and forgotten with the dispatcher's decisions: the router and the fallback chain

@@ -77,6 +77,12 @@ def _scale(op: str, scale) -> float:
     return scale
 
 
+def prefill_scale(scale) -> float:
+    """The GDN prefill ops' `scale` argument as their definitions take it (None: 1/sqrt(128)), for
+    engine plugins that build a definition's arguments themselves."""
+    return _DEFAULT_SCALE["gdn_prefill"] if scale is None else _scale("gdn_prefill", scale)
+
+
 def moe_fp8(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
             gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, local_expert_offset,
             routed_scaling_factor):

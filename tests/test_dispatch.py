@@ -388,6 +388,53 @@ def test_a_hinted_call_whose_variant_raises_goes_to_the_next_in_its_chain():
             registry.unregister(POOL, name)
 
 
+def test_a_plugins_decided_call_is_served_without_validation_and_falls_down_its_chain(monkeypatch):
+    """`serve_decided`: the variant `gives_back` decided serves the plugin's call with no signature
+    validated or kept (a new token count costs no more than a repeated one); one that raises is
+    marked failed for those features and the next choice serves; a region handed back raises
+    BaselineChosen; the checked mode validates as any call does."""
+    registry.discover()
+    served = []
+
+    def broken(*a):
+        raise RuntimeError("no kernel image")
+
+    registry.register(Variant(POOL, "fake_raising", broken, "torch", ("cpu",)))
+    registry.register(Variant(POOL, "fake_ok", lambda *a: served.append(a[0].shape[0]) or (a[9], a[5]), "torch",
+                              ("cpu",)))
+    d = kdispatch.ops.DISPATCHERS["gdn_prefill_pool_qk4_v8"]
+    try:
+        d.set_router("cpu", lambda **axes: ("fake_raising", "fake_ok"), route_hinted=lambda **axes: "fake_ok",
+                     hand_back=lambda **axes: axes["total_seq_len"] > 100)
+        args = materialize(POOL, {"axes": {"total_seq_len": 8, "num_seqs": 2, "num_slots": 3}, "inputs": {},
+                                  "uuid": "decided"})
+        monkeypatch.setattr(d.checker, "check", lambda *a, **k: pytest.fail("a decided call was validated again"))
+        for total in (8, 7, 8):
+            call = (*(x[:total] for x in args[:5]), *args[5:9], args[9][:total], args[10])
+            features = {"total_seq_len": total, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3, "max_seq_len": 5}
+            assert not d.gives_back("cpu", features, "eager")
+            d.serve_decided("cpu", features, False, call)
+        assert served == [8, 7, 8] and not d._entries and not d._seen_once, "no signature kept"
+        plain = {"total_seq_len": 8, "num_seqs": 2, "len_cu_seqlens": 3, "num_slots": 3}
+        with pytest.warns(RuntimeWarning, match="fake_raising"):
+            d.serve_decided("cpu", plain, False, args)
+        d.serve_decided("cpu", plain, False, args)
+        assert served[3:] == [8, 8], "the chain's next variant serves the features its first raised on"
+        with pytest.raises(kdispatch.dispatch.BaselineChosen):
+            d.serve_decided("cpu", {**plain, "total_seq_len": 500}, False, args)
+        monkeypatch.undo()
+        monkeypatch.setenv("KDISPATCH_CHECK", "1")
+        d.reload_switches()
+        with pytest.raises(ValueError, match="g"):
+            d.serve_decided("cpu", plain, False, (*args[:3], args[3].double(), *args[4:]))
+    finally:
+        monkeypatch.delenv("KDISPATCH_CHECK", raising=False)
+        d.reload_switches()
+        d.set_router("cpu", None)
+        for name in ("fake_raising", "fake_ok"):
+            registry.unregister(POOL, name)
+
+
 def test_the_contest_prefill_takes_the_hint_too():
     """kdispatch.ops.gdn_prefill(..., max_seq_len=n) is answered by the router's hinted function."""
     registry.discover()

@@ -78,15 +78,19 @@ def batch_longest(num_seqs: int) -> int | None:
     return lengths[1] if lengths is not None and lengths[0] == num_seqs else None
 
 
-def serve(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale=None,
-          max_seq_len: int | None = None) -> None:
+def serve(short, features, strided, q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out,
+          scale=None) -> None:
+    """gdn_prefill_pool's `short` on a call `not_covered` passed, as `serving.given_back` decided it
+    with `features` (`axes`) and `strided` (`serving.serve_decided`)."""
     import kdispatch.ops
 
-    kdispatch.ops.gdn_prefill_pool(q, k, v, g, beta, pool, slots, has_initial_state, cu_seqlens, out, scale,
-                                   max_seq_len=max_seq_len)
+    serving.serve_decided(short, v.device, features, strided, (q, k, v, g, beta, pool, slots, has_initial_state,
+                                                               cu_seqlens, out, kdispatch.ops.prefill_scale(scale)))
 
 
-def serve_gathered(q, k, v, g, beta, states, cu_seqlens, out, scale=None, max_seq_len: int | None = None) -> None:
+def serve_gathered(short, features, strided, q, k, v, g, beta, states, cu_seqlens, out, scale=None) -> None:
+    """gdn_prefill_gathered's `short`, as `serve`."""
     import kdispatch.ops
 
-    kdispatch.ops.gdn_prefill_gathered(q, k, v, g, beta, states, cu_seqlens, out, scale, max_seq_len=max_seq_len)
+    serving.serve_decided(short, v.device, features, strided, (q, k, v, g, beta, states, cu_seqlens, out,
+                                                               kdispatch.ops.prefill_scale(scale)))

@@ -90,13 +90,22 @@ def _arch(device) -> str:
     return _archs.setdefault(device, arch.arch_of(device))
 
 
-def given_back(short: str, value_heads: int, device, axes, views: tuple = ()) -> bool:
+def given_back(short: str, value_heads: int, device, axes, strided: bool = False) -> bool:
     """`gives_back` for a call of a head count the GDN definitions cover, on a device where kdispatch
     serves `short`, else False (the call's own checks then say why). `axes()`: the definition's
-    variable axes of the call, built only when asked; `views`: the call's tensors the definition
-    takes as views (its spec's `strided` inputs)."""
+    variable axes of the call, built only when asked; `strided`: `strided_views` of the call's
+    tensors the definition takes as views (its spec's `strided` inputs)."""
     return (value_heads in HEADS and not_served(short, device) is None
-            and gives_back(short, device, axes(), strided_views(*views)))
+            and gives_back(short, device, axes(), strided))
+
+
+def serve_decided(short: str, device, axes: dict, strided: bool, args: tuple):
+    """The call `gives_back` / `given_back` has just decided with `axes` and `strided`, whose layout
+    and counts the plugin has checked (`layout_not_covered` and its own count comparisons), served
+    by the decision's variant (`Dispatcher.serve_decided`): what a prefill of a new token count
+    costs no more than a repeated one. `args`: the definition's inputs in order."""
+    d = _dispatchers.get(short) or _dispatcher(short)
+    return d.serve_decided(_archs.get(device) or _arch(device), axes, strided, args)
 
 
 def layout_not_covered(key: tuple, tensors: tuple, check) -> str | None:

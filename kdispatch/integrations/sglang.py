@@ -90,7 +90,7 @@ def hook(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, 
     why = "ReplaySSM ring caches" if kwargs and any(kwargs.get(k) is not None for k in RING_CACHES) else None
     if why is None and serving.given_back(short, num_v_heads, mixed_qkv.device,
                                           lambda: packed_decode.axes(mixed_qkv.shape[0], ssm_states),
-                                          (mixed_qkv, a, b, ssm_states)):
+                                          serving.strided_views(mixed_qkv, a, b, ssm_states)):
         why = f"{short}: routed to the baseline for this shape"
     why = why or packed_decode.not_covered(mixed_qkv, a, b, ssm_states, cache_indices, num_v_heads, head_v_dim)
     if why is not None:
@@ -124,9 +124,9 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
            else None)
     if why is None:
         short = serving.gdn_short("prefill_pool", v.shape[2])
-        longest = pool_prefill.batch_longest(n)
-        if serving.given_back(short, v.shape[2], v.device,
-                              lambda: pool_prefill.axes(v.shape[1], n, ssm_states, longest), (q, k, v, ssm_states)):
+        features = pool_prefill.axes(v.shape[1], n, ssm_states, pool_prefill.batch_longest(n))
+        strided = serving.strided_views(q, k, v, ssm_states)
+        if serving.given_back(short, v.shape[2], v.device, lambda: features, strided):
             serving.passed(EXTEND_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, g0, beta0, slots = q[0], k[0], v[0], g[0], beta[0], cache_indices[:n]  # a graph bucket may pass more slots
@@ -137,8 +137,8 @@ def extend_hook(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, 
 
     def ours():
         out = output if output is not None else v.new_empty(v.shape)
-        pool_prefill.serve(q0, k0, v0, g0, beta0, ssm_states, slots, all_true(n, slots.device),
-                           query_start_loc, out[0], max_seq_len=longest)
+        pool_prefill.serve(short, features, strided, q0, k0, v0, g0, beta0, ssm_states, slots,
+                           all_true(n, slots.device), query_start_loc, out[0])
         return out, None, None
 
     return serving.attempt(EXTEND_STATS, short, v.device, ours, engine)
@@ -165,7 +165,7 @@ def verify_hook(original, self, A_log, dt_bias, q, k, v, a, b, *, ssm_states, ca
         short = serving.gdn_short("verify", v.shape[2])
         if buffer is not None and buffer.dim() == 5 and \
                 serving.given_back(short, v.shape[2], v.device, lambda: verify.axes(v.shape[1], n, ssm_states, buffer),
-                                   (q, k, v, a, b, ssm_states)):
+                                   serving.strided_views(q, k, v, a, b, ssm_states)):
             serving.passed(VERIFY_STATS, f"{short}: routed to the baseline for this shape")
             return engine()
         q0, k0, v0, slots = q[0], k[0], v[0], cache_indices[:n]  # a CUDA-graph bucket may pass more

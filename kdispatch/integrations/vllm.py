@@ -170,7 +170,7 @@ def packed_decode_call(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, ou
            f"{short}: routed to the baseline for this shape"
            if serving.given_back(short, heads, mixed_qkv.device,
                                  lambda: packed_decode.axes(mixed_qkv.shape[0], initial_state),
-                                 (mixed_qkv, a, b, initial_state)) else
+                                 serving.strided_views(mixed_qkv, a, b, initial_state)) else
            packed_decode.not_covered(mixed_qkv, a, b, initial_state, ssm_state_indices, heads, width))
     if why is not None:
         serving.passed(STATS, why)
@@ -246,9 +246,9 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
     if why is None:
         n, hv = initial_state.shape[0], v.shape[2]
         short = serving.gdn_short(PREFILL_KIND, hv)
-        longest = pool_prefill.batch_longest(n)
-        if serving.given_back(short, hv, v.device, lambda: pool_prefill.axes(v.shape[1], n, max_seq_len=longest),
-                              (q, k, v)):
+        features = pool_prefill.axes(v.shape[1], n, max_seq_len=pool_prefill.batch_longest(n))
+        strided = serving.strided_views(q, k, v)
+        if serving.given_back(short, hv, v.device, lambda: features, strided):
             why = f"{short}: routed to the baseline for this shape"
         else:
             q, k, v, g, beta = q[0], k[0], v[0], g[0], beta[0]
@@ -257,18 +257,20 @@ def _prefill_call(engine, q, k, v, g, beta, initial_state, output_final_state, c
     if why is not None:
         serving.passed(PREFILL_STATS, why)
         return engine()
-    return serving.attempt(PREFILL_STATS, short, v.device, lambda: _prefill(q, k, v, g, beta, scale, initial_state,
-                                                                            cu_seqlens, core_attn_out, longest), engine)
+    return serving.attempt(PREFILL_STATS, short, v.device, lambda: _prefill(short, features, strided, q, k, v, g, beta, scale,
+                                                                            initial_state, cu_seqlens, core_attn_out),
+                           engine)
 
 
-def _prefill(q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out, longest):
-    """The gathered states' prefill on [T, ...] inputs: (o [1, T, HV, V], final states fp32)."""
+def _prefill(short, features, strided, q, k, v, g, beta, scale, initial_state, cu_seqlens, core_attn_out):
+    """The gathered states' prefill on [T, ...] inputs, as `serving.given_back` decided it with
+    `features` and `strided`: (o [1, T, HV, V], final states fp32)."""
     states = initial_state if initial_state.dtype == torch.float32 else initial_state.float()
     if core_attn_out is None:
         out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     else:  # its leading elements, as fla fills it
         out = core_attn_out.reshape(-1)[:v.numel()].view(v.shape)
-    pool_prefill.serve_gathered(q, k, v, g, beta, states, cu_seqlens, out, scale, max_seq_len=longest)
+    pool_prefill.serve_gathered(short, features, strided, q, k, v, g, beta, states, cu_seqlens, out, scale)
     return out[None], states
 
 
