@@ -13,7 +13,7 @@ plugin - its choice's direct call is what the plugin costs an eager call, op - i
 what the op's dispatch costs, and vllm - engine whether the tuner's baseline is vLLM's call.
 
     python benchmarks/vllm_prefill_parts.py --case 32:4:2048 --case 8:16:16384 [--variants NAME ...]
-                                            [--rounds 200] [--json out.json] [--profile]
+                                            [--rounds 200] [--json out.json] [--profile] [--new-counts]
 
 A case is value heads : sequences : total tokens (the sequences of equal length, as in
 benchmarks/vllm_kernels.py). Needs vLLM's Python files and `regex` on the GPU host
@@ -37,7 +37,7 @@ from kdispatch.integrations import vllm as plugin
 from kdispatch.tuner import timing
 
 from hosttime import host_breakdown  # noqa: E402  (benchmarks/ is the script folder)
-from vllm_kernels import prefill_sets, vllm_functions  # noqa: E402
+from vllm_kernels import prefill_sets, trimmed_prefill, vllm_functions  # noqa: E402
 
 
 def _checks_only(kw: dict) -> None:
@@ -47,6 +47,13 @@ def _checks_only(kw: dict) -> None:
         plugin.fi_chunk_call(**kw)
     finally:
         pool_prefill.serve_gathered = serve
+
+
+def new_count(c: dict, drop: int) -> dict:
+    """Set c on its first T - drop tokens (vllm_kernels.py's `trimmed_prefill`, the output buffer too)."""
+    cut = trimmed_prefill(c, drop)
+    cut["out"] = c["out"][:cut["v"].shape[1]]
+    return cut
 
 
 def callables(hv: int, sets: list, fns: dict, variants: list | None) -> tuple[dict, str]:
@@ -93,6 +100,8 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", help="variants called directly besides the op's eager choice")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--new-counts", action="store_true",
+                    help="every timed call a token count not seen before (the sets cut to T - 1, T - 2, ...), as engines prefill")
     ap.add_argument("--profile", action="store_true", help="where the host time of the plugin, the op and the plugin's checks goes (cProfile)")
     opts = ap.parse_args()
     device = torch.device("cuda")
@@ -117,8 +126,11 @@ def main() -> None:
             fn(*timed_sets[0])
             fn(*timed_sets[0])
         torch.cuda.synchronize()
+        if opts.new_counts:
+            timed_sets = [[marker, new_count(sets[i % len(sets)], 1 + i)] for i in range(opts.rounds * len(parts))]
         times = timing.eager_rounds_us(parts, timed_sets, opts.rounds)
         row = {"value_heads": hv, "num_seqs": seqs, "total_seq_len": total, "eager_choice": choice,
+               "new_counts": opts.new_counts,
                "us": {n: [round(statistics.median(x), 2), round(timing.percentile(x, 0.1), 2),
                           round(timing.percentile(x, 0.9), 2)] for n, x in times.items()}}
         report["rows"].append(row)
