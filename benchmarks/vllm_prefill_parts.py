@@ -36,7 +36,7 @@ from kdispatch.integrations import pool_prefill, serving
 from kdispatch.integrations import vllm as plugin
 from kdispatch.tuner import timing
 
-from hosttime import host_breakdown  # noqa: E402  (benchmarks/ is the script folder)
+from hosttime import PROFILED, host_breakdown  # noqa: E402  (benchmarks/ is the script folder)
 from vllm_kernels import prefill_sets, trimmed_prefill, vllm_functions  # noqa: E402
 
 
@@ -126,8 +126,13 @@ def main() -> None:
             fn(*timed_sets[0])
             fn(*timed_sets[0])
         torch.cuda.synchronize()
+        fresh_counts = iter(range(1, total))  # token counts dropped, each once
         if opts.new_counts:
-            timed_sets = [[marker, new_count(sets[i % len(sets)], 1 + i)] for i in range(opts.rounds * len(parts))]
+            if opts.rounds * len(parts) + 3 * PROFILED >= total:
+                raise SystemExit(f"--new-counts: {total} tokens leave fewer new counts than the "
+                                 f"{opts.rounds * len(parts) + 3 * PROFILED} calls timed and profiled")
+            timed_sets = [[marker, new_count(sets[i % len(sets)], next(fresh_counts))]
+                          for i in range(opts.rounds * len(parts))]
         times = timing.eager_rounds_us(parts, timed_sets, opts.rounds)
         row = {"value_heads": hv, "num_seqs": seqs, "total_seq_len": total, "eager_choice": choice,
                "new_counts": opts.new_counts,
@@ -143,7 +148,10 @@ def main() -> None:
               f" plugin - vllm {us['plugin'] - us['vllm']:+.1f}")
         if opts.profile:
             for n in ("plugin", "op", "plugin checks"):
-                row[f"{n}_host_profile"] = host_breakdown(parts[n], timed_sets[0])
+                fn = parts[n]
+                if opts.new_counts:  # every profiled call a count not seen before too
+                    fn = lambda *_, f=fn: f(marker, new_count(sets[0], next(fresh_counts)))  # noqa: E731
+                row[f"{n}_host_profile"] = host_breakdown(fn, timed_sets[0])
                 print(f"  {n} under cProfile:\n" + "\n".join(f"    {line}" for line in row[f"{n}_host_profile"]))
     if opts.json:
         opts.json.write_text(json.dumps(report, indent=1))
