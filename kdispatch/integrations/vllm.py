@@ -66,8 +66,10 @@ SWITCH = "KDISPATCH_VLLM"
 # gathered routers on an H200 (2026-11-30, benchmarks/results/vllm-kernels-prefill-H200.json), once
 # those definitions took vLLM's v, a view into its projection row (every call had raised and gone
 # back to vLLM) and the swap's own checks were trimmed (benchmarks/results/vllm-prefill-parts-H200.json),
-# no shape is slower than vLLM's call beyond the paired spread, in graphs or eagerly; still opt-in
-# until an H100 run says the same.
+# no shape is slower than vLLM's call beyond the paired spread in graphs or eagerly at a repeated
+# token count; with a new count every call, as vLLM prefills, five shapes where both sides run
+# FlashInfer still are (0.88-0.95x: the router's decision for each new count). Opt-in until that
+# is closed and an H100 run agrees.
 PREFILL_SWITCH = "KDISPATCH_VLLM_PREFILL"
 PREFILL_KIND = "prefill_gathered"  # the definitions the prefill swaps serve (serving.gdn_short)
 KERNEL = "fused_recurrent_gated_delta_rule_packed_decode"
