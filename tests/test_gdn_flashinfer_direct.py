@@ -150,6 +150,38 @@ def test_gathered_prefill_calls_the_compiled_kernel_on_its_states(monkeypatch, c
     assert a[14:22] == (hq, hq, hv, hv, n, 1, 0, n * hv)
 
 
+def test_gathered_prefill_reads_views_of_a_projection_row_in_place(monkeypatch, cutlass_stub):
+    """q/k/v split out of one row (vLLM's mixed_qkv) reach the compiled kernel as they are, with the
+    row's token stride; a token stride of no whole number of heads and a head stride other than 128
+    are copied first."""
+    calls = []
+    sm90 = fake_sm90(lambda *a: calls.append(("compiled", a)), calls)
+    monkeypatch.setitem(sys.modules, X._SM90, sm90)
+    monkeypatch.setattr(GUARD, "guard", log_decay_contract)
+    monkeypatch.setattr(C, "_compiled", {})
+    T, n, hq, hv, D = 12, 2, 2, 4, 128
+    g, beta = -torch.rand(T, hv), torch.rand(T, hv)
+    states, out = torch.randn(n, hv, D, D), torch.empty(T, hv, D, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 5, T], dtype=torch.int32)
+    width = (2 * hq + hv) * D
+    for pad, in_place in ((0, True), (4, False)):
+        row = torch.randn(T, width + pad, dtype=torch.bfloat16)
+        q, k, v = (row[:, a * D:b * D].view(T, b - a, D) for a, b in ((0, hq), (hq, 2 * hq), (2 * hq, 2 * hq + hv)))
+        for _ in range(2):  # a process's first call goes through the entry
+            G.gdn_prefill_gathered_flashinfer_direct(q, k, v, g, beta, states, cu, out, 0.125)
+        kind, a = calls[-1]
+        assert kind == "compiled" and a[0].shape == (T, D, hq) and a[2].shape == (D, T, hv)
+        for got, given in ((a[0], q), (a[1], k), (a[2], v)):
+            assert (got.data_ptr() == given.data_ptr()) is in_place
+            heads = given.shape[1]
+            seen = given if in_place else got.as_strided(given.shape, (heads * D, D, 1))
+            assert torch.equal(seen, given)
+        if in_place:
+            assert a[0].stride() == (width, 1, D) and a[2].stride() == (1, width, D)
+    interleaved = torch.randn(T, D, hv, dtype=torch.bfloat16).transpose(1, 2)  # head stride 1, not 128
+    assert not C.takes(interleaved) and C.takes(interleaved.contiguous())
+
+
 def test_pool_prefill_reads_and_writes_pool_rows_through_the_slots(monkeypatch, cutlass_stub):
     """SGLang's convention: after the prepare launch (stood in for: it returns the operands FlashInfer
     takes), the kernel gets the whole pool as initial and final states and the int32 slots; its

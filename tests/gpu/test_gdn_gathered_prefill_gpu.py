@@ -41,6 +41,27 @@ def test_against_the_reference(hq, hv, total, seqs, name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("hq,hv", HEADS)
+def test_views_of_a_projection_row(hq, hv, name):
+    """q/k/v split out of one row, as vLLM passes them, read in place by a variant declaring `strided`
+    (a variant that does not is served on copies by the dispatcher)."""
+    v = _runnable(gathered_prefill_name(hq, hv), name)
+    if not v.strided:
+        pytest.skip(f"{name} takes contiguous q/k/v (the dispatcher copies views for it)")
+    args = args_for(hq, hv, 700, 40, seed=11)
+    total, width = args[0].shape[0], (2 * hq + hv) * 128
+    row = torch.empty(total, width, dtype=torch.bfloat16, device=args[0].device)
+    bounds = ((0, hq * 128), (hq * 128, 2 * hq * 128), (2 * hq * 128, width))
+    for i, (a, b) in enumerate(bounds):
+        row[:, a:b] = args[i].reshape(total, -1)
+        args[i] = row[:, a:b].view(total, -1, 128)
+    assert not args[2].is_contiguous()
+    want = reference(hq, hv, args)
+    args[OUT].fill_(float("nan"))  # every row must be written
+    check(v.fn(*args), want)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 def test_malformed_cu_seqlens_is_a_no_op(name):
     v = _runnable(gathered_prefill_name(4, 8), name)
     args = args_for(4, 8, 120, 6, seed=5)

@@ -48,17 +48,29 @@ def _lookup(device: torch.device, cu_dtype: torch.dtype, slots: torch.Tensor | N
     return compiled, tensormaps
 
 
+def takes(x: torch.Tensor) -> bool:
+    """Does the compiled kernel read q/k/v `x` [T, H, 128] as it is: heads and elements compact, a
+    token stride of whole heads, 16-byte aligned? Views into an engine's projection row are (vLLM's
+    q/k/v split out of mixed_qkv, the layout checked on the GPU); others need a contiguous copy."""
+    return (x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.stride(0) % x.shape[2] == 0
+            and x.data_ptr() % 16 == 0)
+
+
 def call(out, state, q, k, v, alpha, beta, cu, scale: float, slots: torch.Tensor | None = None) -> None:
-    """The kernel on contiguous q/k/v/out (the entry's arguments), at least one sequence: `state` holds
-    each sequence's initial state and receives its final one, row i, or row slots[i] of a pool."""
+    """The kernel on q/k/v that it `takes` and a contiguous out, at least one sequence: `state` holds
+    each sequence's initial state and receives its final one, row i, or row slots[i] of a pool. The
+    compiled kernel reads views of an engine's row in place (outputs and states bitwise equal to a
+    contiguous copy's: H200, 2026-11-30); the entry, a process's first call of a configuration, gets
+    contiguous ones."""
     import cuda.bindings.driver as driver
 
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     key = (index, cu.dtype) if slots is None else (index, cu.dtype, slots.dtype, state.stride()[1:])
     found = _compiled.get(key, False)
     if not found:
-        importlib.import_module(_SM90).delta_rule_prefill_dsl_sm90(out, state, q, k, v, state, alpha, beta, cu,
-                                                                   scale, state_indices=slots)
+        importlib.import_module(_SM90).delta_rule_prefill_dsl_sm90(out, state, q.contiguous(), k.contiguous(),
+                                                                   v.contiguous(), state, alpha, beta, cu, scale,
+                                                                   state_indices=slots)
         if found is False:
             _compiled[key] = _lookup(q.device, cu.dtype, slots, state)
         return
@@ -67,7 +79,7 @@ def call(out, state, q, k, v, alpha, beta, cu, scale: float, slots: torch.Tensor
     hk, hv, n = k.shape[1], v.shape[1], cu.shape[0] - 1
     hsab = max(hq, hv)
     # the entry's views: q token-major, k/v/out feature-major, one 3-D box per head
-    compiled(q.as_strided((T, D, hq), (hq * D, 1, D)), k.as_strided((D, T, hk), (1, hk * D, D)),
-             v.as_strided((D, T, hv), (1, hv * D, D)), out.as_strided((D, T, hv), (1, hv * D, D)),
+    compiled(q.as_strided((T, D, hq), (q.stride(0), 1, D)), k.as_strided((D, T, hk), (1, k.stride(0), D)),
+             v.as_strided((D, T, hv), (1, v.stride(0), D)), out.as_strided((D, T, hv), (1, hv * D, D)),
              alpha.reshape(-1), beta.reshape(-1), state, state, slots, None, None, tensormaps, cu, scale,
              hq, hk, hv, hsab, n, 1, 0, n * hsab, driver.CUstream(nvrtc.current_stream(index)))
