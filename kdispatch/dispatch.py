@@ -314,16 +314,21 @@ class Dispatcher:
     def _hinted_failed(self, e: _Entry, v, values: tuple, exc: Exception, args):
         """A hinted call's variant raised: the baseline's error propagates; any other variant is
         marked failed for these features and the call goes to the next choice."""
-        if v.name.split(CONTIGUOUS_COPIES)[0] == registry.baseline(self.definition, e.arch).name:
-            raise exc
-        features = self._hinted_features(e, values)
-        self._failed.add((v.name.split(CONTIGUOUS_COPIES)[0], e.arch, tuple(features.items())))
-        self._decisions.clear()
+        self._features_failed(v, e.arch, self._hinted_features(e, values), exc)
         for cache in e.hinted.values():
             cache.clear()
+        return self(*args, **dict(zip(self.hints, values)))  # decided again, without it
+
+    def _features_failed(self, v, arch: str, features: dict, exc: Exception) -> None:
+        """Variant v raised on a call decided by these features: the baseline's error propagates;
+        any other variant is marked failed for them (said once), and they are decided again."""
+        name = v.name.split(CONTIGUOUS_COPIES)[0]
+        if name == registry.baseline(self.definition, arch).name:
+            raise exc
+        self._failed.add((name, arch, tuple(features.items())))
+        self._decisions.clear()
         self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
                                              f"{features}; the next choice serves this shape from now on")
-        return self(*args, **dict(zip(self.hints, values)))  # decided again, without it
 
     def _hinted_features(self, e: _Entry, values: tuple) -> dict:
         """The shape features of entry e with the call's hint values (what `route_hinted` takes)."""
@@ -631,13 +636,7 @@ class Dispatcher:
         try:
             return v.fn(*args)
         except Exception as exc:
-            name = v.name.split(CONTIGUOUS_COPIES)[0]
-            if name == registry.baseline(self.definition, arch).name:
-                raise
-            self._failed.add((name, arch, tuple(features.items())))
-            self._decisions.clear()
-            self._warn_once(("failed", v.name), f"variant {v.name!r} raised {type(exc).__name__}: {exc} on "
-                                                 f"{features}; the next choice serves this shape from now on")
+            self._features_failed(v, arch, features, exc)
             return self.serve_decided(arch, features, strided, args)
 
     def _decision(self, arch: str, features: dict, mode: str, strided: bool) -> tuple:

@@ -5,10 +5,10 @@ makes the contest prefill's.
 The same guard and kernel call as `vllm_flashinfer_prefill.cp_off` (kernels/library/gdn/vllm.py:
 cu_seqlens checked and alpha = exp(g) in one launch, the states read and written in place), with
 the compiled kernel handed its views directly (kernels/library/gdn/flashinfer_compiled.py): q/k/v
-split out of vLLM's projection row are read in place, where the dispatcher used to copy them (`strided`). Where
-the store's eager rows say what FlashInfer's layers cost vLLM's call: a direct call 60 us cheaper
-would have been the fastest eagerly on 81-103 of each head count's 139 measured workloads (H200
-rows, 2026-11-29).
+split out of vLLM's projection row are read in place, where the dispatcher used to copy them
+(`strided`). Where the store's eager rows say what FlashInfer's layers cost vLLM's call: a direct
+call 60 us cheaper would have been the fastest eagerly on 81-103 of each head count's 139 measured
+workloads (H200 rows, 2026-11-29).
 """
 from __future__ import annotations
 
