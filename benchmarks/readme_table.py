@@ -123,12 +123,20 @@ def heldout_table(path: Path) -> str:
              if summ.get("stale_variants")}
     turns = [definitions.get(d).short for d, summ in sorted(check["regret"].items())
              if summ.get("eager_protocol") == "turns"]
+    mixed = [definitions.get(d).short for d, summ in sorted(check["regret"].items())
+             if summ.get("eager_protocol") == "mixed"]
     taken = ("Eager times of the held-out rows taken in turns with the workload's other variants "
              "(`kdispatch tune --eager-turns`, or `--eager-turns-only` on the rows a tune stored)")
     if len(turns) == len(check["regret"]):  # eager rows with less drift between variants (tuner/README.md)
         lines += ["", taken + ": every op's."]
     elif turns:  # their regrets read differently from the own-loop ones
-        lines += ["", taken + ": " + ", ".join(f"`{op}`" for op in turns) + "; every other op's in each variant's own loop."]
+        part = [", ".join(f"`{op}`" for op in turns)]
+        if mixed:
+            part.append("some rows of " + ", ".join(f"`{op}`" for op in mixed) + " in turns, the others in their "
+                        "own loop (their eager regrets compare unlike times until those rows are taken in turns again)")
+        if len(turns) + len(mixed) < len(check["regret"]):
+            part.append("every other op's in each variant's own loop")
+        lines += ["", taken + ": " + "; ".join(part) + "."]
     if stale:  # the check scored these variants' old code
         lines += ["", "Measured before their code last changed (a re-tune of the held-out store is due): " +
                   "; ".join(f"`{op}`: {', '.join(f'`{v}`' for v in vs)}" for op, vs in stale.items()) + "."]

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T22:10:49Z
+# measured    up to 2026-11-30T06:27:06Z
 # workloads   132 (workload-set digest e9dd743e34bc8675)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,7 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.48x  [6 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  122/126  0.53x  [4 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.60x  [4 screened out]
-#   flashinfer_direct               237a7bc69097936a  130/132  1.68x  [2 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  130/132  1.69x  [2 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.98x
 #   triton_prefill_fused.c16v32     49496897c400beaa  132/132  0.98x
 #   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.98x  [1 screened out]
@@ -34,60 +34,58 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 24.23% mean, 332.35% max;
-#             1.226x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.33% mean, 243.85% max;
-#             2.265x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 22.95% mean, 332.35% max;
+#             1.227x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.62% mean, 197.19% max;
+#             2.145x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9: triton_prefill_fused.c16v32, 7 workloads, 3.72x (2.12x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   4. 18 < total_seq_len <= 90 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   5. 64 < total_seq_len <= 754 and num_seqs > 1 and mean_seq_len <= 9: vllm_flashinfer_prefill.cp_off, 18 workloads, 1.40x (1.05x .. 5.42x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. 90 < total_seq_len <= 724 and num_seqs <= 1: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 9: vllm_flashinfer_prefill.cp_off, 23 workloads, 2.58x (1.05x .. 5.69x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9: triton_prefill_fused.c16v32, 7 workloads, 3.72x (2.12x .. 6.41x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   4. 18 < total_seq_len <= 90 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   5. 64 < total_seq_len <= 181 and num_seqs > 1 and mean_seq_len <= 9: flashinfer_direct, 8 workloads, 1.97x (1.10x .. 5.40x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. 90 < total_seq_len <= 724 and num_seqs <= 1: flashinfer_direct, 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. 181 < total_seq_len <= 1874 and num_seqs > 1: flashinfer_direct, 56 workloads, 1.82x (1.04x .. 5.82x) over vllm_flashinfer_prefill
 #   8. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. 803 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 161: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.76x (1.06x .. 2.94x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_chunked.v64
-#   10. total_seq_len > 803 and 1 < num_seqs <= 22 and mean_seq_len <= 161: triton_prefill_chunked.v64, 10 workloads, 1.98x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 803 and num_seqs > 22 and mean_seq_len <= 161: vllm_flashinfer_prefill (baseline), 27 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   12. total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 161: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   9. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 213 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.09x (2.59x .. 8.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   2. total_seq_len <= 374 and num_seqs <= 10 and 2 < mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 21 workloads, 5.73x (3.40x .. 9.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 374 and num_seqs > 10 and 2 < mean_seq_len <= 419: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.91x (1.57x .. 9.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. num_seqs <= 11 and 419 < mean_seq_len <= 1448: flashinfer_direct, 11 workloads, 2.62x (1.25x .. 3.51x) over vllm_flashinfer_prefill
-#   5. num_seqs <= 11 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   6. num_seqs > 11 and mean_seq_len > 419: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   7. total_seq_len > 213 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.39x (1.46x .. 3.07x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   8. 374 < total_seq_len <= 581 and 2 < mean_seq_len <= 419: cuda_prefill_pool_rows.k16c8, 15 workloads, 3.25x (1.12x .. 6.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 581 and 2 < mean_seq_len <= 419: flashinfer_direct, 51 workloads, 2.13x (1.15x .. 4.19x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 374 and num_seqs <= 4 and mean_seq_len > 9: cuda_prefill_pool_rows.k16c8, 19 workloads, 5.21x (2.96x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 374 and num_seqs > 4 and mean_seq_len > 9: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.92x (3.84x .. 6.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 953 and num_seqs > 112 and mean_seq_len <= 9: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.03x (1.17x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 6835 and num_seqs <= 112 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 21 workloads, 4.04x (1.34x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 374 < total_seq_len <= 554 and mean_seq_len > 9: triton_prefill_fused.c16v32, 13 workloads, 3.00x (1.56x .. 4.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 554 < total_seq_len <= 6835 and mean_seq_len > 9: flashinfer_direct, 41 workloads, 2.34x (1.32x .. 3.67x) over vllm_flashinfer_prefill
+#   7. 953 < total_seq_len <= 6835 and num_seqs > 112 and mean_seq_len <= 9: flashinfer_direct, 6 workloads, 1.46x (1.30x .. 1.61x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. 6835 < total_seq_len <= 9553 and num_seqs <= 22: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. 6835 < total_seq_len <= 9553 and num_seqs > 22: flashinfer_direct, 9 workloads, 1.39x (1.16x .. 1.59x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 9553 and num_seqs <= 6: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. total_seq_len > 9553 and num_seqs > 6: flashinfer_direct, 4 workloads, 1.43x (1.12x .. 2.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 18)}, 'workloads': 2, 'speedup': (5.29, 6.87, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.62, 5.1, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (1, None), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.12, 3.72, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (18, 90)}, 'workloads': 2, 'speedup': (2.85, 3.56, 4.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (64, 754)}, 'workloads': 18, 'speedup': (1.05, 1.4, 5.42), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (90, 724)}, 'workloads': 4, 'speedup': (1.45, 2.02, 2.74), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (1, None), 'total_seq_len': (181, 803)}, 'workloads': 23, 'speedup': (1.05, 2.58, 5.69), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.62, 5.1, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (1, None), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (2.12, 3.72, 6.41), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (18, 90)}, 'workloads': 2, 'speedup': (2.85, 3.56, 4.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (64, 181)}, 'workloads': 8, 'speedup': (1.1, 1.97, 5.4), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (90, 724)}, 'workloads': 4, 'speedup': (1.44, 2.02, 2.73), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (181, 1874)}, 'workloads': 56, 'speedup': (1.04, 1.82, 5.82), 'fallbacks': ()},
     {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (161, None), 'num_seqs': (1, None), 'total_seq_len': (803, 1874)}, 'workloads': 8, 'speedup': (1.06, 1.76, 2.94), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (1, 22), 'total_seq_len': (803, None)}, 'workloads': 10, 'speedup': (1.22, 1.98, 2.81), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (22, None), 'total_seq_len': (803, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (161, None), 'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 213)}, 'workloads': 8, 'speedup': (2.59, 4.09, 8.57), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 419), 'num_seqs': (None, 10), 'total_seq_len': (None, 374)}, 'workloads': 21, 'speedup': (3.4, 5.73, 9.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, 419), 'num_seqs': (10, None), 'total_seq_len': (None, 374)}, 'workloads': 12, 'speedup': (1.57, 4.91, 9.51), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (None, 11)}, 'workloads': 11, 'speedup': (1.25, 2.62, 3.51), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'num_seqs': (None, 11)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, None), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (213, None)}, 'workloads': 4, 'speedup': (1.46, 2.39, 3.07), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 419), 'total_seq_len': (374, 581)}, 'workloads': 15, 'speedup': (1.12, 3.25, 6.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, 419), 'total_seq_len': (581, None)}, 'workloads': 51, 'speedup': (1.15, 2.13, 4.19), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 374)}, 'workloads': 19, 'speedup': (2.96, 5.21, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (4, None), 'total_seq_len': (None, 374)}, 'workloads': 4, 'speedup': (3.84, 4.92, 6.54), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (112, None), 'total_seq_len': (None, 953)}, 'workloads': 4, 'speedup': (1.17, 2.03, 2.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (None, 112), 'total_seq_len': (None, 6835)}, 'workloads': 21, 'speedup': (1.34, 4.04, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (9, None), 'total_seq_len': (374, 554)}, 'workloads': 13, 'speedup': (1.56, 3.0, 4.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, None), 'total_seq_len': (554, 6835)}, 'workloads': 41, 'speedup': (1.32, 2.34, 3.67), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (112, None), 'total_seq_len': (953, 6835)}, 'workloads': 6, 'speedup': (1.3, 1.46, 1.61), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (6835, 9553)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (6835, 9553)}, 'workloads': 9, 'speedup': (1.16, 1.39, 1.59), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (9553, None)}, 'workloads': 4, 'speedup': (1.12, 1.43, 2.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -101,36 +99,27 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill
     if total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 3: 7 workloads, 3.72x (2.12x .. 6.41x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 4: 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill
     if 18 < total_seq_len <= 90 and num_seqs <= 1:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 18 workloads, 1.40x (1.05x .. 5.42x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 754 and num_seqs > 1 and mean_seq_len <= 9:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 4 workloads, 2.02x (1.45x .. 2.74x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 8 workloads, 1.97x (1.10x .. 5.40x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 181 and num_seqs > 1 and mean_seq_len <= 9:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 6: 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 724 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 23 workloads, 2.58x (1.05x .. 5.69x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 9:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 56 workloads, 1.82x (1.04x .. 5.82x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1874 and num_seqs > 1:
+        return 'flashinfer_direct'
     # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 8 workloads, 1.76x (1.06x .. 2.94x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 161:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 10 workloads, 1.98x (1.22x .. 2.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 803 and 1 < num_seqs <= 22 and mean_seq_len <= 161:
-        return 'triton_prefill_chunked.v64'
-    # region 11: 27 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 803 and num_seqs > 22 and mean_seq_len <= 161:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1874 and num_seqs > 1 and mean_seq_len > 161:
+    # region 9: 44 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and num_seqs > 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -138,33 +127,39 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 4.09x (2.59x .. 8.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 213 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 21 workloads, 5.73x (3.40x .. 9.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 10 and 2 < mean_seq_len <= 419:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 12 workloads, 4.91x (1.57x .. 9.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs > 10 and 2 < mean_seq_len <= 419:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 11 workloads, 2.62x (1.25x .. 3.51x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 419 < mean_seq_len <= 1448:
+    # region 1: 19 workloads, 5.21x (2.96x .. 8.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 4 and mean_seq_len > 9:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 4.92x (3.84x .. 6.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs > 4 and mean_seq_len > 9:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 4 workloads, 2.03x (1.17x .. 2.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 953 and num_seqs > 112 and mean_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 21 workloads, 4.04x (1.34x .. 8.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6835 and num_seqs <= 112 and mean_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 13 workloads, 3.00x (1.56x .. 4.62x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 554 and mean_seq_len > 9:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 41 workloads, 2.34x (1.32x .. 3.67x) over vllm_flashinfer_prefill
+    if 554 < total_seq_len <= 6835 and mean_seq_len > 9:
         return 'flashinfer_direct'
-    # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 11 and mean_seq_len > 1448:
+    # region 7: 6 workloads, 1.46x (1.30x .. 1.61x) over vllm_flashinfer_prefill
+    if 953 < total_seq_len <= 6835 and num_seqs > 112 and mean_seq_len <= 9:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if 6835 < total_seq_len <= 9553 and num_seqs <= 22:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 9 workloads, 1.39x (1.16x .. 1.59x) over vllm_flashinfer_prefill
+    if 6835 < total_seq_len <= 9553 and num_seqs > 22:
+        return 'flashinfer_direct'
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9553 and num_seqs <= 6:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 11 and mean_seq_len > 419:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 4 workloads, 2.39x (1.46x .. 3.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 213 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 15 workloads, 3.25x (1.12x .. 6.54x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 581 and 2 < mean_seq_len <= 419:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 51 workloads, 2.13x (1.15x .. 4.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 581 and 2 < mean_seq_len <= 419:
-        return 'flashinfer_direct'
+    # region 11: 4 workloads, 1.43x (1.12x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 9553 and num_seqs > 6:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -173,173 +168,187 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.77% mean, 69.71% max;
-#             1.360x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.76% mean, 44.49% max;
-#             2.585x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.81% mean, 70.19% max;
+#             1.361x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.80% mean, 31.94% max;
+#             2.361x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   6. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   8. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   11. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and 12 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 12 < max_seq_len <= 27: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   14. total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27: vllm_flashinfer_prefill.cp_off, 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   15. total_seq_len <= 72 and 21 < num_seqs <= 35 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   16. total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.10x (1.10x .. 1.11x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   17. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   18. total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091: triton_prefill_chunked.v64, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   19. 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   20. 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   21. num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
-#   22. num_seqs > 79 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   23. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
-#   24. 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   25. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   26. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 22 and max_seq_len > 762: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.21x (1.06x .. 1.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_chunked.v64
-#   27. 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 762: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   28. 72 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   29. total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 31 workloads, 2.44x (1.36x .. 4.19x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   30. total_seq_len > 72 and num_seqs <= 35 and mean_seq_len > 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   31. total_seq_len > 72 and 10 < num_seqs <= 35 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   32. total_seq_len > 72 and 10 < num_seqs <= 35 and 22 < max_seq_len <= 711: vllm_flashinfer_prefill.cp_off, 20 workloads, 2.42x (1.04x .. 5.83x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   33. total_seq_len > 181 and 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   34. total_seq_len > 181 and num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 1448 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   36. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. 1448 < total_seq_len <= 5792 and num_seqs <= 35 and max_seq_len > 3452: vllm_flashinfer_prefill (baseline), 0 workloads
-#   38. 1448 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 35 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   40. total_seq_len > 1448 and num_seqs <= 35 and 762 < max_seq_len <= 1444: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.51x (1.08x .. 2.04x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   41. 2896 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   43. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   44. 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   47. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   48. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   49. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   51. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   52. 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   53. 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
-#   54. total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   55. total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   56. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   57. total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 862: vllm_flashinfer_prefill (baseline), 0 workloads
-#   58. total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   59. total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: flashinfer_direct, 2 workloads, 3.31x (3.12x .. 3.51x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
+#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   9. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and 12 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 27: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   14. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 27: flashinfer_direct, 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   15. total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 653: flashinfer_direct, 7 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len <= 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   18. total_seq_len <= 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   19. 51 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17: flashinfer_direct, 2 workloads, 1.10x (1.09x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   20. 51 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 51 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   22. num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+#   23. num_seqs > 79 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   24. num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. num_seqs > 181 and mean_seq_len <= 5 and 12 < max_seq_len <= 17: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   28. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762: flashinfer_direct, 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
+#   29. 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711: flashinfer_direct, 31 workloads, 2.44x (1.36x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
+#   34. 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   35. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 3452: vllm_flashinfer_prefill (baseline), 0 workloads
+#   37. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   38. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   40. 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   43. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   46. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   48. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   49. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   50. total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   51. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   52. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
+#   53. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   55. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   56. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
+#   57. total_seq_len > 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   58. total_seq_len > 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 362 and num_seqs > 6 and 15 < max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.69x (6.10x .. 7.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 533 and num_seqs <= 6 and 15 < max_seq_len <= 238: cuda_prefill_pool_rows.k16c8, 18 workloads, 5.79x (4.06x .. 7.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 533 and num_seqs <= 6 and max_seq_len > 238: flashinfer_direct, 5 workloads, 3.62x (3.38x .. 3.76x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
-#   4. total_seq_len <= 533 and num_seqs <= 21 and max_seq_len <= 15: cuda_prefill_pool_rows.k8c8, 7 workloads, 8.55x (7.47x .. 10.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 533 and num_seqs > 6 and 27 < max_seq_len <= 179: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.23x (2.33x .. 7.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
-#   6. total_seq_len <= 533 and num_seqs > 6 and max_seq_len > 179: flashinfer_direct, 7 workloads, 2.36x (1.64x .. 3.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 533 and num_seqs > 21 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 8 workloads, 3.22x (2.63x .. 4.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   8. 362 < total_seq_len <= 533 and num_seqs > 6 and 15 < max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.72x (2.72x .. 2.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   9. 533 < total_seq_len <= 1874 and num_seqs <= 90 and 45 < max_seq_len <= 113: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.29x (2.31x .. 4.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. 533 < total_seq_len <= 1874 and num_seqs <= 90 and max_seq_len > 113: flashinfer_direct, 18 workloads, 3.07x (1.71x .. 4.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. 533 < total_seq_len <= 1874 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.67x (2.36x .. 3.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   12. 533 < total_seq_len <= 1874 and num_seqs > 90 and max_seq_len > 45: flashinfer_direct, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.11x (1.77x .. 2.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   14. 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len > 49: flashinfer_direct, 8 workloads, 1.64x (1.35x .. 1.96x) over vllm_flashinfer_prefill
-#   15. total_seq_len > 1874 and num_seqs <= 22 and max_seq_len <= 4095: flashinfer_direct, 17 workloads, 2.80x (1.98x .. 4.19x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. total_seq_len > 1874 and num_seqs <= 22 and 4095 < max_seq_len <= 6968: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 1874 and num_seqs <= 22 and max_seq_len > 6968: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. total_seq_len > 6835 and num_seqs > 22 and max_seq_len <= 16288: flashinfer_direct, 12 workloads, 1.45x (1.15x .. 1.78x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 6835 and num_seqs > 22 and max_seq_len > 16288: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 45 and max_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.39x (4.21x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and 3 < max_seq_len <= 31: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.60x (8.51x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 224 and 31 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 15 workloads, 4.79x (2.14x .. 7.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 533 and num_seqs <= 22 and 209 < max_seq_len <= 244: triton_prefill_fused.c16v32, 3 workloads, 3.72x (3.50x .. 4.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 533 and num_seqs <= 22 and max_seq_len > 244: flashinfer_direct, 7 workloads, 3.17x (2.85x .. 3.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 533 and num_seqs > 22 and max_seq_len > 209: flashinfer_direct, 3 workloads, 1.56x (1.39x .. 1.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. 45 < total_seq_len <= 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 5 workloads, 5.89x (3.59x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 45 < total_seq_len <= 533 and num_seqs <= 22 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.80x (7.05x .. 8.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. 45 < total_seq_len <= 533 and num_seqs > 22 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.99x (2.43x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 224 < total_seq_len <= 533 and 31 < max_seq_len <= 209: cuda_prefill_pool_rows.k8c8, 12 workloads, 4.25x (2.11x .. 5.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 362 < total_seq_len <= 533 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.72x (2.62x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 533 < total_seq_len <= 1874 and num_seqs <= 45 and 45 < max_seq_len <= 173: triton_prefill_fused.c16v32, 3 workloads, 3.07x (1.74x .. 4.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 533 < total_seq_len <= 1874 and num_seqs <= 45 and max_seq_len > 173: flashinfer_direct, 15 workloads, 2.86x (1.59x .. 3.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   14. 533 < total_seq_len <= 1874 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.40x (2.12x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   15. 533 < total_seq_len <= 1874 and num_seqs > 45 and 45 < max_seq_len <= 114: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. 533 < total_seq_len <= 1874 and num_seqs > 45 and max_seq_len > 114: flashinfer_direct, 2 workloads, 1.53x (1.52x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. 1874 < total_seq_len <= 2896 and 22 < num_seqs <= 90 and 49 < max_seq_len <= 125: triton_prefill_fused.c16v64, 2 workloads, 1.91x (1.77x .. 2.06x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   18. 1874 < total_seq_len <= 2896 and 22 < num_seqs <= 90 and max_seq_len > 125: flashinfer_direct, 3 workloads, 1.41x (1.32x .. 1.55x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. 1874 < total_seq_len <= 2896 and num_seqs > 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.99x (1.89x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   20. 1874 < total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 49: flashinfer_direct, 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   21. 1874 < total_seq_len <= 5792 and num_seqs <= 10 and max_seq_len > 3462: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 1874 and num_seqs <= 10 and max_seq_len <= 3462: flashinfer_direct, 10 workloads, 2.27x (1.58x .. 3.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 1874 and 10 < num_seqs <= 22 and max_seq_len <= 5420: flashinfer_direct, 7 workloads, 2.70x (1.95x .. 3.55x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 1874 and 10 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. total_seq_len > 2896 and num_seqs > 22 and max_seq_len <= 16288: flashinfer_direct, 14 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 2896 and num_seqs > 22 and max_seq_len > 16288: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len > 5792 and num_seqs <= 10 and max_seq_len > 3462: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (8.91, 8.96, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.13, 3.31, 3.5), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.79, 7.79, 7.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 18), 'mean_seq_len': (None, 2), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.37, 5.37, 5.37), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 35), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.1, 1.1, 1.11), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1091), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 8, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 18, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (None, 4833)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': (), 'hand_back': True},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (35, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (35, None)}, 'workloads': 8, 'speedup': (1.27, 1.56, 1.8), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 35), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (1, 22), 'total_seq_len': (72, 1448)}, 'workloads': 4, 'speedup': (1.06, 1.21, 1.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (22, 35), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 35), 'total_seq_len': (72, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 31, 'speedup': (1.36, 2.44, 4.19), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 35), 'total_seq_len': (72, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 35), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 35), 'total_seq_len': (72, None)}, 'workloads': 20, 'speedup': (1.04, 2.42, 5.83), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (35, 90), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 35), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3452, None), 'num_seqs': (None, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, 3452), 'mean_seq_len': (181, None), 'num_seqs': (None, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 35), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 35), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.08, 1.51, 2.04), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 35), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (4833, 11585)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 35), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 35), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 35), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 35), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 862), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (862, None), 'mean_seq_len': (5, None), 'num_seqs': (35, 79), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 35), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (8.91, 8.96, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.12, 3.31, 3.51), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.79, 7.79, 7.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 18), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 27), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.36, 5.36, 5.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 653), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 7, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.09, 1.1, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 2), 'num_seqs': (51, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (2, 5), 'num_seqs': (51, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 5), 'num_seqs': (51, None)}, 'workloads': 8, 'speedup': (1.27, 1.56, 1.8), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (17, None), 'mean_seq_len': (None, 5), 'num_seqs': (90, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (12, 17), 'mean_seq_len': (None, 5), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (1, 51), 'total_seq_len': (72, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.18, 1.53), 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (72, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 31, 'speedup': (1.36, 2.44, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (72, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 22, 'speedup': (1.03, 2.25, 5.82), 'fallbacks': ()},
+    {'region': 34, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3452, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, 3452), 'mean_seq_len': (181, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.09, 1.51, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64'), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 51, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 55, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 57, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 27), 'num_seqs': (6, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (6.1, 6.69, 7.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 238), 'num_seqs': (None, 6), 'total_seq_len': (None, 533)}, 'workloads': 18, 'speedup': (4.06, 5.79, 7.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (238, None), 'num_seqs': (None, 6), 'total_seq_len': (None, 533)}, 'workloads': 5, 'speedup': (3.38, 3.62, 3.76), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 21), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (7.47, 8.55, 10.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 179), 'num_seqs': (6, None), 'total_seq_len': (None, 533)}, 'workloads': 12, 'speedup': (2.33, 4.23, 7.27), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (179, None), 'num_seqs': (6, None), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (1.64, 2.36, 3.81), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (21, None), 'total_seq_len': (None, 533)}, 'workloads': 8, 'speedup': (2.63, 3.22, 4.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 27), 'num_seqs': (6, None), 'total_seq_len': (362, 533)}, 'workloads': 1, 'speedup': (2.72, 2.72, 2.72), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 113), 'num_seqs': (None, 90), 'total_seq_len': (533, 1874)}, 'workloads': 2, 'speedup': (2.31, 3.29, 4.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (113, None), 'num_seqs': (None, 90), 'total_seq_len': (533, 1874)}, 'workloads': 18, 'speedup': (1.71, 3.07, 4.08), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'total_seq_len': (533, 1874)}, 'workloads': 5, 'speedup': (2.36, 2.67, 3.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (90, None), 'total_seq_len': (533, 1874)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (22, None), 'total_seq_len': (1874, 6835)}, 'workloads': 3, 'speedup': (1.77, 2.11, 2.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (22, None), 'total_seq_len': (1874, 6835)}, 'workloads': 8, 'speedup': (1.35, 1.64, 1.96), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4095), 'num_seqs': (None, 22), 'total_seq_len': (1874, None)}, 'workloads': 17, 'speedup': (1.98, 2.8, 4.19), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4095, 6968), 'num_seqs': (None, 22), 'total_seq_len': (1874, None)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6968, None), 'num_seqs': (None, 22), 'total_seq_len': (1874, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 16288), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 12, 'speedup': (1.15, 1.45, 1.78), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16288, None), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 3), 'total_seq_len': (None, 45)}, 'workloads': 3, 'speedup': (4.21, 6.39, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 31), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (8.51, 8.6, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 209), 'total_seq_len': (None, 224)}, 'workloads': 15, 'speedup': (2.14, 4.79, 7.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, 244), 'num_seqs': (None, 22), 'total_seq_len': (None, 533)}, 'workloads': 3, 'speedup': (3.5, 3.72, 4.03), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (244, None), 'num_seqs': (None, 22), 'total_seq_len': (None, 533)}, 'workloads': 7, 'speedup': (2.85, 3.17, 3.44), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (209, None), 'num_seqs': (22, None), 'total_seq_len': (None, 533)}, 'workloads': 3, 'speedup': (1.39, 1.56, 1.67), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (45, 362)}, 'workloads': 5, 'speedup': (3.59, 5.89, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 22), 'total_seq_len': (45, 533)}, 'workloads': 2, 'speedup': (7.05, 7.8, 8.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (22, None), 'total_seq_len': (45, 533)}, 'workloads': 6, 'speedup': (2.43, 2.99, 3.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 209), 'total_seq_len': (224, 533)}, 'workloads': 12, 'speedup': (2.11, 4.25, 5.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.62, 2.72, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (45, 173), 'num_seqs': (None, 45), 'total_seq_len': (533, 1874)}, 'workloads': 3, 'speedup': (1.74, 3.07, 4.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (173, None), 'num_seqs': (None, 45), 'total_seq_len': (533, 1874)}, 'workloads': 15, 'speedup': (1.59, 2.86, 3.41), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'total_seq_len': (533, 1874)}, 'workloads': 5, 'speedup': (2.12, 2.4, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 114), 'num_seqs': (45, None), 'total_seq_len': (533, 1874)}, 'workloads': 1, 'speedup': (2.0, 2.0, 2.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (114, None), 'num_seqs': (45, None), 'total_seq_len': (533, 1874)}, 'workloads': 2, 'speedup': (1.52, 1.53, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 125), 'num_seqs': (22, 90), 'total_seq_len': (1874, 2896)}, 'workloads': 2, 'speedup': (1.77, 1.91, 2.06), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (125, None), 'num_seqs': (22, 90), 'total_seq_len': (1874, 2896)}, 'workloads': 3, 'speedup': (1.32, 1.41, 1.55), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (22, None), 'total_seq_len': (1874, 2896)}, 'workloads': 3, 'speedup': (1.89, 1.99, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (90, None), 'total_seq_len': (1874, 2896)}, 'workloads': 1, 'speedup': (1.3, 1.3, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3462, None), 'num_seqs': (None, 10), 'total_seq_len': (1874, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 3462), 'num_seqs': (None, 10), 'total_seq_len': (1874, None)}, 'workloads': 10, 'speedup': (1.58, 2.27, 3.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5420), 'num_seqs': (10, 22), 'total_seq_len': (1874, None)}, 'workloads': 7, 'speedup': (1.95, 2.7, 3.55), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (10, 22), 'total_seq_len': (1874, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 16288), 'num_seqs': (22, None), 'total_seq_len': (2896, None)}, 'workloads': 14, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16288, None), 'num_seqs': (22, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3462, None), 'num_seqs': (None, 10), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -349,250 +358,269 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 3: 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 2 workloads, 3.31x (3.13x .. 3.50x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 2 workloads, 3.31x (3.12x .. 3.51x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
     # region 5: 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 9: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
     # region 10: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and 12 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and 12 < max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len <= 2 and max_seq_len > 18:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill.cp_off'
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
     # region 13: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and 12 < max_seq_len <= 27:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 14: 1 workloads, 5.37x (5.37x .. 5.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 35 and mean_seq_len > 2 and max_seq_len > 27:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 27:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 27:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
     # region 15: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 21 < num_seqs <= 35 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 1.10x (1.10x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 5 and max_seq_len > 17:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 8 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 1091:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:
-        return 'triton_prefill_chunked.v64'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 35 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 7 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 653:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 1091:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 18: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 2 workloads, 1.10x (1.09x .. 1.12x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 35 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
-    if num_seqs > 35 and mean_seq_len <= 5 and max_seq_len <= 12:
+    if 51 < num_seqs <= 181 and mean_seq_len <= 2 and 12 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 51 < num_seqs <= 181 and 2 < mean_seq_len <= 5 and 12 < max_seq_len <= 17:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 8 workloads, 1.56x (1.27x .. 1.80x) over vllm_flashinfer_prefill
+    if num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 12:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 10 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 79 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 45 < total_seq_len <= 72 and 11 < num_seqs <= 35 and 4 < max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 4 workloads, 1.21x (1.06x .. 1.53x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 22 and max_seq_len > 762:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1448 and 22 < num_seqs <= 35 and max_seq_len > 762:
+    # region 28: 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762:
         return 'flashinfer_direct'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 72 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 31 workloads, 2.44x (1.36x .. 4.19x) over vllm_flashinfer_prefill
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 30: 31 workloads, 2.44x (1.36x .. 4.17x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 72 and num_seqs <= 35 and mean_seq_len > 362 and 711 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 10 < num_seqs <= 35 and max_seq_len <= 22:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 20 workloads, 2.42x (1.04x .. 5.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 10 < num_seqs <= 35 and 22 < max_seq_len <= 711:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 35 < num_seqs <= 90 and mean_seq_len <= 5 and max_seq_len > 17:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 90 and mean_seq_len <= 5 and max_seq_len > 17:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 32: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 33: 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711:
+        return 'flashinfer_direct'
+    # region 34: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
         return 'triton_prefill_chunked.v64'
-    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 35 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 3 workloads, 1.51x (1.08x .. 2.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 35 and 762 < max_seq_len <= 1444:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 39: 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill's guarded call
+    # region 45: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and 1444 < max_seq_len <= 5267:
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and max_seq_len > 5267:
+    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
-    if 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 54: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 55: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and max_seq_len > 3465:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 862:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 58: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:
+    # region 49: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
+    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 55: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 57: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 6.69x (6.10x .. 7.33x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 6 and 15 < max_seq_len <= 27:
+    # region 1: 3 workloads, 6.39x (4.21x .. 8.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 18 workloads, 5.79x (4.06x .. 7.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs <= 6 and 15 < max_seq_len <= 238:
+    # region 2: 2 workloads, 8.60x (8.51x .. 8.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 3 < max_seq_len <= 31:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 3.62x (3.38x .. 3.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs <= 6 and max_seq_len > 238:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 4: 7 workloads, 8.55x (7.47x .. 10.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs <= 21 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 12 workloads, 4.23x (2.33x .. 7.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 6 and 27 < max_seq_len <= 179:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 7 workloads, 2.36x (1.64x .. 3.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 6 and max_seq_len > 179:
+    # region 3: 15 workloads, 4.79x (2.14x .. 7.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 224 and 31 < max_seq_len <= 209:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 3 workloads, 3.72x (3.50x .. 4.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 22 and 209 < max_seq_len <= 244:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 7 workloads, 3.17x (2.85x .. 3.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 22 and max_seq_len > 244:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 6: 3 workloads, 1.56x (1.39x .. 1.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 22 and max_seq_len > 209:
         return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 7: 8 workloads, 3.22x (2.63x .. 4.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 21 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, 2.72x (2.72x .. 2.72x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 6 and 15 < max_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 2 workloads, 3.29x (2.31x .. 4.70x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1874 and num_seqs <= 90 and 45 < max_seq_len <= 113:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 18 workloads, 3.07x (1.71x .. 4.08x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1874 and num_seqs <= 90 and max_seq_len > 113:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 11: 5 workloads, 2.67x (2.36x .. 3.22x) over vllm_flashinfer_prefill
+    # region 7: 5 workloads, 5.89x (3.59x .. 7.11x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and 10 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 2 workloads, 7.80x (7.05x .. 8.63x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 533 and num_seqs <= 22 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 6 workloads, 2.99x (2.43x .. 3.69x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 533 and num_seqs > 22 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 12 workloads, 4.25x (2.11x .. 5.56x) over vllm_flashinfer_prefill
+    if 224 < total_seq_len <= 533 and 31 < max_seq_len <= 209:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 2 workloads, 2.72x (2.62x .. 2.82x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and 10 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 3 workloads, 3.07x (1.74x .. 4.14x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs <= 45 and 45 < max_seq_len <= 173:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 15 workloads, 2.86x (1.59x .. 3.41x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs <= 45 and max_seq_len > 173:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 14: 5 workloads, 2.40x (2.12x .. 2.70x) over vllm_flashinfer_prefill
     if 533 < total_seq_len <= 1874 and max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1874 and num_seqs > 90 and max_seq_len > 45:
+    # region 15: 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs > 45 and 45 < max_seq_len <= 114:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 16: 2 workloads, 1.53x (1.52x .. 1.54x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1874 and num_seqs > 45 and max_seq_len > 114:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 3 workloads, 2.11x (1.77x .. 2.56x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 8 workloads, 1.64x (1.35x .. 1.96x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs > 22 and max_seq_len > 49:
+    # region 17: 2 workloads, 1.91x (1.77x .. 2.06x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 2896 and 22 < num_seqs <= 90 and 49 < max_seq_len <= 125:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 3 workloads, 1.41x (1.32x .. 1.55x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 2896 and 22 < num_seqs <= 90 and max_seq_len > 125:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 19: 3 workloads, 1.99x (1.89x .. 2.10x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 2896 and num_seqs > 22 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 1 workloads, 1.30x (1.30x .. 1.30x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 2896 and num_seqs > 90 and max_seq_len > 49:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 1874 < total_seq_len <= 5792 and num_seqs <= 10 and max_seq_len > 3462:
+        return ('flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 10 workloads, 2.27x (1.58x .. 3.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 10 and max_seq_len <= 3462:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 23: 7 workloads, 2.70x (1.95x .. 3.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and 10 < num_seqs <= 22 and max_seq_len <= 5420:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and 10 < num_seqs <= 22 and max_seq_len > 5420:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 14 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 22 and max_seq_len <= 16288:
         return 'flashinfer_direct'
-    # region 15: 17 workloads, 2.80x (1.98x .. 4.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 1874 and num_seqs <= 22 and max_seq_len <= 4095:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if total_seq_len > 1874 and num_seqs <= 22 and 4095 < max_seq_len <= 6968:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1874 and num_seqs <= 22 and max_seq_len > 6968:
+    # region 27: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 10 and max_seq_len > 3462:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 12 workloads, 1.45x (1.15x .. 1.78x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs > 22 and max_seq_len <= 16288:
-        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 4833 and 35 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 1091:  # region 18
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 34
         return True
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 35
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 38
         return True
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 35 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 39
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 40
         return True
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 41
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 43
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 46
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 45
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 48
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:  # region 47
         return True
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 35 and 1444 < max_seq_len <= 5267:  # region 50
+    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 51
         return True
-    if 9553 < total_seq_len <= 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 52
+    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 53
         return True
-    if total_seq_len > 9553 and num_seqs <= 35 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 54
-        return True
-    if total_seq_len > 23170 and num_seqs <= 35 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 58
+    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 55
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-29T22:11:26Z
+# measured    up to 2026-11-30T06:25:04Z
 # workloads   132 (workload-set digest aaf19f9483c4a210)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,7 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.42x  [6 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  121/126  0.46x  [5 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.49x  [4 screened out]
-#   flashinfer_direct               237a7bc69097936a  131/132  1.39x  [1 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  131/132  1.40x  [1 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
 #   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.76x
 #   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.79x  [1 screened out]
@@ -35,60 +35,52 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.22% mean, 198.05% max;
-#             1.144x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.41% mean, 195.75% max;
-#             1.942x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 11.33% mean, 199.25% max;
+#             1.146x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.83% mean, 198.45% max;
+#             1.769x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 50 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.96x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 76 and 6 < mean_seq_len <= 331: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1205 and mean_seq_len > 331: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
+#   2. total_seq_len <= 76 and 6 < mean_seq_len <= 331: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 1205 and mean_seq_len > 331: flashinfer_direct, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   4. 50 < total_seq_len <= 362 and mean_seq_len <= 6: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.09x (1.07x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   5. 76 < total_seq_len <= 399 and 6 < mean_seq_len <= 331: vllm_flashinfer_prefill.cp_off, 20 workloads, 2.01x (1.06x .. 4.16x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331: vllm_flashinfer_prefill.cp_off, 17 workloads, 2.40x (1.04x .. 5.79x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   9. total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   6. total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331: flashinfer_direct, 17 workloads, 2.41x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45: flashinfer_direct, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   10. total_seq_len > 1205 and mean_seq_len > 331: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 12 workloads, 3.83x (2.11x .. 8.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 378 and 4 < mean_seq_len <= 11: cuda_prefill_pool_rows.k8c8, 5 workloads, 3.47x (2.24x .. 8.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   3. total_seq_len <= 452 and num_seqs > 2 and 11 < mean_seq_len <= 914: cuda_prefill_pool_rows.k8c8, 13 workloads, 4.03x (1.32x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 6292 and mean_seq_len > 914: flashinfer_direct, 2 workloads, 2.17x (1.87x .. 2.53x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   5. num_seqs <= 2 and 11 < mean_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.00x (3.86x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. num_seqs <= 2 and 161 < mean_seq_len <= 914: flashinfer_direct, 6 workloads, 3.18x (2.33x .. 3.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 537 and mean_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.06x (1.19x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   8. total_seq_len > 378 and 4 < mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len > 452 and num_seqs > 2 and 11 < mean_seq_len <= 914: flashinfer_direct, 62 workloads, 2.00x (1.18x .. 4.20x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 537 and mean_seq_len <= 4: flashinfer_direct, 4 workloads, 1.41x (1.33x .. 1.52x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 6292 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 399 and num_seqs <= 1 and 2 < mean_seq_len <= 914: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.16x (2.86x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 399 and num_seqs > 1 and 2 < mean_seq_len <= 914: cuda_prefill_pool_rows.k8c8, 28 workloads, 3.31x (1.24x .. 7.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   3. total_seq_len <= 6292 and mean_seq_len > 914: flashinfer_direct, 2 workloads, 2.21x (2.01x .. 2.44x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   4. mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.80x (1.15x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 399 < total_seq_len <= 557 and 2 < mean_seq_len <= 914: triton_prefill_fused.c16v32, 16 workloads, 2.21x (1.20x .. 4.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
+#   6. total_seq_len > 557 and 2 < mean_seq_len <= 914: flashinfer_direct, 61 workloads, 1.72x (1.16x .. 3.52x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 6292 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 50)}, 'workloads': 6, 'speedup': (1.36, 4.96, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (None, 76)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ()},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (None, 76)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (50, 362)}, 'workloads': 10, 'speedup': (1.07, 1.09, 1.14), 'fallbacks': ('flashinfer_direct',)},
     {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (76, 399)}, 'workloads': 20, 'speedup': (1.06, 2.01, 4.16), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (None, 13), 'total_seq_len': (399, None)}, 'workloads': 17, 'speedup': (1.04, 2.4, 5.79), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 45), 'total_seq_len': (399, None)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (None, 13), 'total_seq_len': (399, None)}, 'workloads': 17, 'speedup': (1.04, 2.41, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 45), 'total_seq_len': (399, None)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (1205, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 181)}, 'workloads': 12, 'speedup': (2.11, 3.83, 8.66), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 11), 'total_seq_len': (None, 378)}, 'workloads': 5, 'speedup': (2.24, 3.47, 8.06), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (11, 914), 'num_seqs': (2, None), 'total_seq_len': (None, 452)}, 'workloads': 13, 'speedup': (1.32, 4.03, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (None, 6292)}, 'workloads': 2, 'speedup': (1.87, 2.17, 2.53), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (11, 161), 'num_seqs': (None, 2)}, 'workloads': 7, 'speedup': (3.86, 5.0, 7.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (161, 914), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (2.33, 3.18, 3.67), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (181, 537)}, 'workloads': 6, 'speedup': (1.19, 2.06, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4, 11), 'total_seq_len': (378, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (11, 914), 'num_seqs': (2, None), 'total_seq_len': (452, None)}, 'workloads': 62, 'speedup': (1.18, 2.0, 4.2), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (537, None)}, 'workloads': 4, 'speedup': (1.33, 1.41, 1.52), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (6292, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 914), 'num_seqs': (None, 1), 'total_seq_len': (None, 399)}, 'workloads': 7, 'speedup': (2.86, 5.16, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, 914), 'num_seqs': (1, None), 'total_seq_len': (None, 399)}, 'workloads': 28, 'speedup': (1.24, 3.31, 7.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (None, 6292)}, 'workloads': 2, 'speedup': (2.01, 2.21, 2.44), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2)}, 'workloads': 9, 'speedup': (1.15, 2.8, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (2, 914), 'total_seq_len': (399, 557)}, 'workloads': 16, 'speedup': (1.2, 2.21, 4.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, 914), 'total_seq_len': (557, None)}, 'workloads': 61, 'speedup': (1.16, 1.72, 3.52), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (6292, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -102,28 +94,28 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 76 and 6 < mean_seq_len <= 331:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
     if total_seq_len <= 1205 and mean_seq_len > 331:
-        return 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 4: 10 workloads, 1.09x (1.07x .. 1.14x) over vllm_flashinfer_prefill
     if 50 < total_seq_len <= 362 and mean_seq_len <= 6:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 5: 20 workloads, 2.01x (1.06x .. 4.16x) over vllm_flashinfer_prefill
     if 76 < total_seq_len <= 399 and 6 < mean_seq_len <= 331:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 17 workloads, 2.40x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+    # region 6: 17 workloads, 2.41x (1.04x .. 5.79x) over vllm_flashinfer_prefill
     if total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331:
-        return 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 7: 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 8: 16 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 9: 23 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 10: 21 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1205 and mean_seq_len > 331:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
@@ -133,37 +125,25 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 3.83x (2.11x .. 8.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 5 workloads, 3.47x (2.24x .. 8.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 378 and 4 < mean_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 13 workloads, 4.03x (1.32x .. 6.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 452 and num_seqs > 2 and 11 < mean_seq_len <= 914:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 2.17x (1.87x .. 2.53x) over vllm_flashinfer_prefill
+    # region 1: 7 workloads, 5.16x (2.86x .. 8.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and num_seqs <= 1 and 2 < mean_seq_len <= 914:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 28 workloads, 3.31x (1.24x .. 7.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and num_seqs > 1 and 2 < mean_seq_len <= 914:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 2 workloads, 2.21x (2.01x .. 2.44x) over vllm_flashinfer_prefill
     if total_seq_len <= 6292 and mean_seq_len > 914:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 5: 7 workloads, 5.00x (3.86x .. 7.13x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 11 < mean_seq_len <= 161:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 6 workloads, 3.18x (2.33x .. 3.67x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 161 < mean_seq_len <= 914:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 6 workloads, 2.06x (1.19x .. 3.14x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 537 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 378 and 4 < mean_seq_len <= 11:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 62 workloads, 2.00x (1.18x .. 4.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 452 and num_seqs > 2 and 11 < mean_seq_len <= 914:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
+    # region 4: 9 workloads, 2.80x (1.15x .. 7.82x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 16 workloads, 2.21x (1.20x .. 4.51x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 557 and 2 < mean_seq_len <= 914:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 61 workloads, 1.72x (1.16x .. 3.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and 2 < mean_seq_len <= 914:
         return 'flashinfer_direct'
-    # region 10: 4 workloads, 1.41x (1.33x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 537 and mean_seq_len <= 4:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 7: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 6292 and mean_seq_len > 914:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -174,173 +154,159 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.89% mean, 198.05% max;
-#             1.206x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.53% mean, 47.57% max;
-#             2.148x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.97% mean, 199.25% max;
+#             1.207x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.31% mean, 53.25% max;
+#             1.997x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   6. total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   7. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   11. total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   14. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   15. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   16. num_seqs <= 2 and 11 < max_seq_len <= 26: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   17. num_seqs <= 2 and 41 < max_seq_len <= 1211: vllm_flashinfer_prefill.cp_off, 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   19. num_seqs <= 5 and 26 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 4.97x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   20. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: vllm_flashinfer_prefill.cp_off, 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   21. 5 < num_seqs <= 9 and 26 < max_seq_len <= 41: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   22. 9 < num_seqs <= 19 and 639 < max_seq_len <= 741: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   23. 9 < num_seqs <= 19 and 741 < max_seq_len <= 756: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
-#   25. 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   26. 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   27. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   28. num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   30. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 26: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8
-#   31. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 26: triton_prefill_fused.c16v32, 2 workloads, 6.09x (5.37x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   32. total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, flashinfer_direct
-#   33. total_seq_len > 51 and 5 < num_seqs <= 19 and 6 < max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.27x (1.16x .. 1.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   34. total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 26: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   35. total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   37. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   42. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   44. total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   46. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   47. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   49. total_seq_len > 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   50. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   51. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 550: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   52. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   53. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   54. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
+#   3. total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   6. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   7. total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
+#   9. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   10. total_seq_len <= 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 898: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081: flashinfer_direct, 8 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   16. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   17. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   18. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   21. 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
+#   22. 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   23. 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120: flashinfer_direct, 6 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   24. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   25. num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   28. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   29. total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   30. total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   31. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32
+#   32. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 4 workloads, 1.26x (1.16x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   41. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   43. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   44. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   45. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   46. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   47. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   48. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   49. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   50. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   51. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 11 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.24x (7.91x .. 8.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 66 and 5 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.38x (3.03x .. 7.78x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 107 and 17 < max_seq_len <= 93: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.32x (3.08x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and mean_seq_len <= 90 and 93 < max_seq_len <= 256: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.43x (2.30x .. 5.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 557 and num_seqs <= 45 and max_seq_len > 256: flashinfer_direct, 5 workloads, 2.62x (1.84x .. 3.47x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 557 and mean_seq_len > 90 and 93 < max_seq_len <= 175: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.56x (3.82x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 557 and mean_seq_len > 90 and 175 < max_seq_len <= 256: flashinfer_direct, 3 workloads, 3.83x (3.58x .. 4.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 557 and num_seqs > 45 and max_seq_len > 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   9. 11 < total_seq_len <= 557 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.99x (2.25x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. 66 < total_seq_len <= 557 and 5 < max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.88x (2.15x .. 3.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. 107 < total_seq_len <= 362 and 17 < max_seq_len <= 93: cuda_prefill_pool_rows.k8c8, 6 workloads, 3.86x (2.19x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   12. 181 < total_seq_len <= 557 and mean_seq_len <= 90 and 93 < max_seq_len <= 256: flashinfer_direct, 6 workloads, 2.70x (1.71x .. 4.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
-#   13. 362 < total_seq_len <= 557 and 17 < max_seq_len <= 39: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   14. 362 < total_seq_len <= 557 and 39 < max_seq_len <= 93: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.48x (2.44x .. 4.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   15. 557 < total_seq_len <= 1205 and max_seq_len <= 41: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.34x (1.90x .. 2.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 557 < total_seq_len <= 1205 and 41 < max_seq_len <= 6611: flashinfer_direct, 20 workloads, 2.43x (1.33x .. 3.98x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 557 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   18. total_seq_len > 557 and mean_seq_len <= 1448 and 8189 < max_seq_len <= 9101: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   19. total_seq_len > 557 and 6611 < max_seq_len <= 7170: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. total_seq_len > 557 and 7170 < max_seq_len <= 8189: flashinfer_direct, 3 workloads, 1.26x (1.25x .. 1.27x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 557 and max_seq_len > 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   22. total_seq_len > 557 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   23. total_seq_len > 557 and mean_seq_len > 1448 and 8189 < max_seq_len <= 9101: vllm_flashinfer_prefill (baseline), 0 workloads
-#   24. total_seq_len > 1205 and max_seq_len <= 6611: flashinfer_direct, 39 workloads, 1.74x (1.18x .. 3.52x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and max_seq_len > 10: cuda_prefill_pool_rows.k16c8, 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
+#   4. total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len <= 132: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.71x (3.91x .. 5.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len > 132: flashinfer_direct, 16 workloads, 2.90x (2.30x .. 3.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.54x (5.54x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len > 90: flashinfer_direct, 5 workloads, 3.08x (2.45x .. 3.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.20x (2.18x .. 2.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len > 90: flashinfer_direct, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   11. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.48x (1.87x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   12. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len > 59: flashinfer_direct, 14 workloads, 1.57x (1.29x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. 1704 < total_seq_len <= 2232 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.75x (1.57x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8
+#   14. 1704 < total_seq_len <= 2232 and 48 < max_seq_len <= 5537: flashinfer_direct, 15 workloads, 1.80x (1.29x .. 3.16x) over vllm_flashinfer_prefill
+#   15. total_seq_len > 1704 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   16. total_seq_len > 1704 and mean_seq_len <= 724 and 5537 < max_seq_len <= 9101: flashinfer_direct, 4 workloads, 1.22x (1.16x .. 1.27x) over vllm_flashinfer_prefill
+#   17. total_seq_len > 1704 and max_seq_len > 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   18. total_seq_len > 1704 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   19. total_seq_len > 1704 and mean_seq_len > 724 and 5537 < max_seq_len <= 9101: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. total_seq_len > 2232 and max_seq_len <= 5537: flashinfer_direct, 19 workloads, 1.58x (1.20x .. 2.98x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 26), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 32), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 901), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 1491), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 639), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 26), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.22), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (26, 41), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (4.55, 4.97, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.38, 2.83, 5.79), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, 41), 'num_seqs': (5, 9)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (639, 741), 'num_seqs': (9, 19)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (741, 756), 'num_seqs': (9, 19)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 26), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 26), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 2, 'speedup': (5.37, 6.09, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, 21), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.16, 1.27, 1.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (21, 26), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (93, None)}, 'workloads': 7, 'speedup': (1.28, 1.53, 1.64), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 37, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 962), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (756, 962), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, 639), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 9), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 32), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 898), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 5792)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.37, 2.83, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (5.37, 5.39, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 4, 'speedup': (1.16, 1.26, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (93, None)}, 'workloads': 7, 'speedup': (1.28, 1.53, 1.64), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 1081), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 639), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (None, 11)}, 'workloads': 3, 'speedup': (7.91, 8.24, 8.66), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (5, 17), 'total_seq_len': (None, 66)}, 'workloads': 3, 'speedup': (3.03, 5.38, 7.78), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (17, 93), 'total_seq_len': (None, 107)}, 'workloads': 6, 'speedup': (3.08, 5.32, 7.13), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (93, 256), 'mean_seq_len': (None, 90), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.3, 3.43, 5.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (None, 45), 'total_seq_len': (None, 557)}, 'workloads': 5, 'speedup': (1.84, 2.62, 3.47), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (93, 175), 'mean_seq_len': (90, None), 'total_seq_len': (None, 557)}, 'workloads': 4, 'speedup': (3.82, 4.56, 5.54), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (175, 256), 'mean_seq_len': (90, None), 'total_seq_len': (None, 557)}, 'workloads': 3, 'speedup': (3.58, 3.83, 4.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (256, None), 'num_seqs': (45, None), 'total_seq_len': (None, 557)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (11, 557)}, 'workloads': 7, 'speedup': (2.25, 2.99, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 17), 'total_seq_len': (66, 557)}, 'workloads': 9, 'speedup': (2.15, 2.88, 3.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 93), 'total_seq_len': (107, 362)}, 'workloads': 6, 'speedup': (2.19, 3.86, 6.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (93, 256), 'mean_seq_len': (None, 90), 'total_seq_len': (181, 557)}, 'workloads': 6, 'speedup': (1.71, 2.7, 4.2), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (17, 39), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (2.38, 2.38, 2.38), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (39, 93), 'total_seq_len': (362, 557)}, 'workloads': 2, 'speedup': (2.44, 3.48, 4.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 41), 'total_seq_len': (557, 1205)}, 'workloads': 4, 'speedup': (1.9, 2.34, 2.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 6611), 'total_seq_len': (557, 1205)}, 'workloads': 20, 'speedup': (1.33, 2.43, 3.98), 'fallbacks': ()},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (None, 362), 'total_seq_len': (557, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 9101), 'mean_seq_len': (None, 1448), 'total_seq_len': (557, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (6611, 7170), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, 8189), 'total_seq_len': (557, None)}, 'workloads': 3, 'speedup': (1.25, 1.26, 1.27), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32576, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (362, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 9101), 'mean_seq_len': (1448, None), 'total_seq_len': (557, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 6611), 'total_seq_len': (1205, None)}, 'workloads': 39, 'speedup': (1.18, 1.74, 3.52), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (7.39, 7.75, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.11, 4.35, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, None), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.85, 3.98, 6.37), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.99, 3.29, 3.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 132), 'num_seqs': (None, 5), 'total_seq_len': (181, 1704)}, 'workloads': 4, 'speedup': (3.91, 4.71, 5.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (None, 5), 'total_seq_len': (181, 1704)}, 'workloads': 16, 'speedup': (2.3, 2.9, 3.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (5, 11), 'total_seq_len': (181, 1704)}, 'workloads': 1, 'speedup': (5.54, 5.54, 5.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (5, 11), 'total_seq_len': (181, 1704)}, 'workloads': 5, 'speedup': (2.45, 3.08, 3.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 2), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 2, 'speedup': (2.18, 2.2, 2.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (2, None), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 16, 'speedup': (1.87, 2.48, 3.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (2, None), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 14, 'speedup': (1.29, 1.57, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'total_seq_len': (1704, 2232)}, 'workloads': 3, 'speedup': (1.57, 1.75, 1.96), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (48, 5537), 'total_seq_len': (1704, 2232)}, 'workloads': 15, 'speedup': (1.29, 1.8, 3.16), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (None, 362), 'total_seq_len': (1704, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5537, 9101), 'mean_seq_len': (None, 724), 'total_seq_len': (1704, None)}, 'workloads': 4, 'speedup': (1.16, 1.22, 1.27), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32576, None), 'total_seq_len': (1704, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (362, None), 'total_seq_len': (1704, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, 9101), 'mean_seq_len': (724, None), 'total_seq_len': (1704, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5537), 'total_seq_len': (2232, None)}, 'workloads': 19, 'speedup': (1.2, 1.58, 2.98), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -350,159 +316,153 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+    # region 6: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 901:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and 9 < num_seqs <= 19 and max_seq_len > 901:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 8 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1491:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 11 workloads, 1.09x (1.04x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 898:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 898:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 14: 8 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081:
+        return 'flashinfer_direct'
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and 11 < max_seq_len <= 26:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 12 workloads, 2.05x (1.03x .. 3.22x) over vllm_flashinfer_prefill
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and 11 < max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 18: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 41 < max_seq_len <= 1211:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 3 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 2 and max_seq_len > 1211:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 2 workloads, 4.97x (4.55x .. 5.42x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 26 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 24 workloads, 2.83x (1.38x .. 5.79x) over vllm_flashinfer_prefill
+    # region 20: 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < num_seqs <= 9 and 26 < max_seq_len <= 41:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 9 < num_seqs <= 19 and 639 < max_seq_len <= 741:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 9 < num_seqs <= 19 and 741 < max_seq_len <= 756:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 6 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
+    # region 23: 6 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
     if 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 27: 12 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 24: 12 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 28: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 29: 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 26:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 31: 2 workloads, 6.09x (5.37x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 26:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 5 workloads, 1.27x (1.16x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and 6 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 26:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
+    # region 31: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 33: 4 workloads, 1.26x (1.16x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len > 5 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    # region 36: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 1081:
+        return 'flashinfer_direct'
+    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 962:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 9 < num_seqs <= 19 and 756 < max_seq_len <= 962:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 9 < num_seqs <= 19 and max_seq_len > 962:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 46: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill's guarded call
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 3 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 26 < max_seq_len <= 639:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 550:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 550:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639:
+        return 'flashinfer_direct'
+    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -511,86 +471,77 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.24x (7.91x .. 8.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 3 workloads, 5.38x (3.03x .. 7.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 66 and 5 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 5.32x (3.08x .. 7.13x) over vllm_flashinfer_prefill
-    if total_seq_len <= 107 and 17 < max_seq_len <= 93:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 3.43x (2.30x .. 5.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 90 and 93 < max_seq_len <= 256:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 5 workloads, 2.62x (1.84x .. 3.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and num_seqs <= 45 and max_seq_len > 256:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 4 workloads, 4.56x (3.82x .. 5.54x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and mean_seq_len > 90 and 93 < max_seq_len <= 175:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 3 workloads, 3.83x (3.58x .. 4.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 557 and mean_seq_len > 90 and 175 < max_seq_len <= 256:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 557 and num_seqs > 45 and max_seq_len > 256:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 7 workloads, 2.99x (2.25x .. 3.92x) over vllm_flashinfer_prefill
-    if 11 < total_seq_len <= 557 and max_seq_len <= 5:
+    # region 1: 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and max_seq_len > 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 4 workloads, 4.71x (3.91x .. 5.32x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len <= 132:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 16 workloads, 2.90x (2.30x .. 3.38x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len > 132:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 1 workloads, 5.54x (5.54x .. 5.54x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 5 workloads, 3.08x (2.45x .. 3.62x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len > 90:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 9: 2 workloads, 2.20x (2.18x .. 2.22x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 9 workloads, 2.88x (2.15x .. 3.42x) over vllm_flashinfer_prefill
-    if 66 < total_seq_len <= 557 and 5 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 6 workloads, 3.86x (2.19x .. 6.88x) over vllm_flashinfer_prefill
-    if 107 < total_seq_len <= 362 and 17 < max_seq_len <= 93:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 12: 6 workloads, 2.70x (1.71x .. 4.20x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 557 and mean_seq_len <= 90 and 93 < max_seq_len <= 256:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'flashinfer_direct'
-    # region 13: 2 workloads, 2.38x (2.38x .. 2.38x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 557 and 17 < max_seq_len <= 39:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 2 workloads, 3.48x (2.44x .. 4.97x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 557 and 39 < max_seq_len <= 93:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 4 workloads, 2.34x (1.90x .. 2.54x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1205 and max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 20 workloads, 2.43x (1.33x .. 3.98x) over vllm_flashinfer_prefill
-    if 557 < total_seq_len <= 1205 and 41 < max_seq_len <= 6611:
+    # region 10: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len > 90:
+        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 11: 16 workloads, 2.48x (1.87x .. 3.19x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 14 workloads, 1.57x (1.29x .. 1.82x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len > 59:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 3 workloads, 1.75x (1.57x .. 1.96x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2232 and max_seq_len <= 48:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 15 workloads, 1.80x (1.29x .. 3.16x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2232 and 48 < max_seq_len <= 5537:
         return 'flashinfer_direct'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 557 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1704 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576:
         return 'flashinfer_direct'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 557 and mean_seq_len <= 1448 and 8189 < max_seq_len <= 9101:
+    # region 16: 4 workloads, 1.22x (1.16x .. 1.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 1704 and mean_seq_len <= 724 and 5537 < max_seq_len <= 9101:
         return 'flashinfer_direct'
-    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and 6611 < max_seq_len <= 7170:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 3 workloads, 1.26x (1.25x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and 7170 < max_seq_len <= 8189:
-        return 'flashinfer_direct'
-    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and max_seq_len > 32576:
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1704 and max_seq_len > 32576:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576:
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1704 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 39 workloads, 1.74x (1.18x .. 3.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 1205 and max_seq_len <= 6611:
+    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1704 and mean_seq_len > 724 and 5537 < max_seq_len <= 9101:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 19 workloads, 1.58x (1.20x .. 2.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 2232 and max_seq_len <= 5537:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 39
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 40
         return True
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 45
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 42
         return True
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 47
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 44
         return True
-    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 53
+    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 50
         return True
     return False

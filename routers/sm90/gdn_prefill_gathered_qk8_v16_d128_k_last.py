@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T00:19:19Z
+# measured    up to 2026-11-30T06:27:40Z
 # workloads   132 (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,7 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/126  0.43x  [5 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/126  0.43x  [6 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/126  0.45x  [6 screened out]
-#   flashinfer_direct               237a7bc69097936a  131/132  1.35x  [1 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  131/132  1.36x  [1 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.66x  [2 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.72x  [1 screened out]
 #   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.80x  [1 screened out]
@@ -34,52 +34,56 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.55% mean, 223.11% max;
-#             1.085x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.01% mean, 144.95% max;
-#             1.772x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.15% mean, 75.76% max;
+#             1.088x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.93% mean, 122.28% max;
+#             1.580x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90: triton_prefill_fused.c16v32, 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2: flashinfer_direct, 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   4. total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill.cp_off, 22 workloads, 2.11x (1.09x .. 4.28x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. total_seq_len > 68 and num_seqs <= 4 and mean_seq_len <= 90: flashinfer_direct, 6 workloads, 4.05x (3.21x .. 4.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   6. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   8. total_seq_len > 238 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 46 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   9. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   2. total_seq_len <= 362 and num_seqs > 7 and mean_seq_len > 3: flashinfer_direct, 12 workloads, 1.07x (1.03x .. 1.09x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 397 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.57x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   5. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462: flashinfer_direct, 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len > 397 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 42 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 117 and num_seqs > 5 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.11x (2.87x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 216 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 13 workloads, 6.18x (4.53x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 358 and num_seqs > 5 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 13 workloads, 2.38x (1.36x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   4. 117 < total_seq_len <= 358 and num_seqs > 5 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.43x (2.23x .. 2.90x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   5. 216 < total_seq_len <= 358 and num_seqs <= 5: flashinfer_direct, 7 workloads, 3.77x (3.58x .. 4.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len > 358 and mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 6 workloads, 1.47x (1.18x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64
-#   7. total_seq_len > 358 and 4 < mean_seq_len <= 4845: flashinfer_direct, 83 workloads, 1.79x (1.06x .. 4.01x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 358 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 7 and num_seqs <= 17 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and mean_seq_len > 5: cuda_prefill_pool_rows.k8c8, 14 workloads, 4.25x (1.49x .. 6.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 462 and num_seqs > 17 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.25x (1.15x .. 2.93x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 7 < total_seq_len <= 462 and num_seqs <= 17 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.87x (1.87x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 181 < total_seq_len <= 462 and num_seqs <= 1 and mean_seq_len > 5: flashinfer_direct, 2 workloads, 3.25x (3.19x .. 3.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   6. 181 < total_seq_len <= 462 and num_seqs > 1 and mean_seq_len > 5: triton_prefill_fused.c16v32, 9 workloads, 2.66x (1.65x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   7. 462 < total_seq_len <= 7643: flashinfer_direct, 66 workloads, 1.70x (1.15x .. 3.77x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 7643 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len > 7643 and num_seqs > 4: flashinfer_direct, 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4), 'total_seq_len': (None, 68)}, 'workloads': 9, 'speedup': (3.09, 4.87, 6.49), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (4, None), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (1.08, 1.08, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (None, 238)}, 'workloads': 8, 'speedup': (1.21, 1.64, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 2438)}, 'workloads': 22, 'speedup': (1.09, 2.11, 4.28), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4), 'total_seq_len': (68, None)}, 'workloads': 6, 'speedup': (3.21, 4.05, 4.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 13, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (4, 21), 'total_seq_len': (238, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (238, None)}, 'workloads': 46, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, None), 'total_seq_len': (None, 362)}, 'workloads': 12, 'speedup': (1.03, 1.07, 1.09), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, None), 'total_seq_len': (None, 397)}, 'workloads': 8, 'speedup': (1.21, 1.57, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 10, 'speedup': (1.09, 1.59, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (7, 21), 'total_seq_len': (397, None)}, 'workloads': 10, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21), 'total_seq_len': (397, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (397, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 117)}, 'workloads': 4, 'speedup': (2.87, 3.11, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 216)}, 'workloads': 13, 'speedup': (4.53, 6.18, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 358)}, 'workloads': 13, 'speedup': (1.36, 2.38, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (117, 358)}, 'workloads': 4, 'speedup': (2.23, 2.43, 2.9), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (216, 358)}, 'workloads': 7, 'speedup': (3.58, 3.77, 4.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (358, None)}, 'workloads': 6, 'speedup': (1.18, 1.47, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (4, 4845), 'total_seq_len': (358, None)}, 'workloads': 83, 'speedup': (1.06, 1.79, 4.01), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (358, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 17), 'total_seq_len': (None, 7)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 14, 'speedup': (1.49, 4.25, 6.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 462)}, 'workloads': 10, 'speedup': (1.15, 2.25, 2.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 17), 'total_seq_len': (7, 462)}, 'workloads': 5, 'speedup': (1.87, 2.87, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 1), 'total_seq_len': (181, 462)}, 'workloads': 2, 'speedup': (3.19, 3.25, 3.32), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (1, None), 'total_seq_len': (181, 462)}, 'workloads': 9, 'speedup': (1.65, 2.66, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'total_seq_len': (462, 7643)}, 'workloads': 66, 'speedup': (1.15, 1.7, 3.77), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 19, 'speedup': (1.16, 1.3, 1.59), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -88,63 +92,69 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 4.87x (3.09x .. 6.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 68 and num_seqs <= 4 and mean_seq_len <= 90:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 6 workloads, 1.08x (1.08x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 4 and mean_seq_len > 2:
+    # region 1: 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 31 and num_seqs <= 7:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 12 workloads, 1.07x (1.03x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 7 and mean_seq_len > 3:
+        return 'flashinfer_direct'
+    # region 3: 8 workloads, 1.57x (1.21x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 397 and num_seqs > 7 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
+    if 31 < total_seq_len <= 90 and num_seqs <= 7:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 3: 8 workloads, 1.64x (1.21x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 238 and num_seqs > 4 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 22 workloads, 2.11x (1.09x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 6 workloads, 4.05x (3.21x .. 4.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 68 and num_seqs <= 4 and mean_seq_len <= 90:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 6: 13 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len <= 90:
+    # region 6: 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 10 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 238 and 4 < num_seqs <= 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 46 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 238 and num_seqs > 21:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 42 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and num_seqs > 21:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.11x (2.87x .. 3.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 117 and num_seqs > 5 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 13 workloads, 6.18x (4.53x .. 8.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 216 and num_seqs <= 5:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 13 workloads, 2.38x (1.36x .. 3.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 358 and num_seqs > 5 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 4 workloads, 2.43x (2.23x .. 2.90x) over vllm_flashinfer_prefill
-    if 117 < total_seq_len <= 358 and num_seqs > 5 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 7 workloads, 3.77x (3.58x .. 4.07x) over vllm_flashinfer_prefill
-    if 216 < total_seq_len <= 358 and num_seqs <= 5:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 6: 6 workloads, 1.47x (1.18x .. 1.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 358 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 83 workloads, 1.79x (1.06x .. 4.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 358 and 4 < mean_seq_len <= 4845:
+    # region 1: 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7 and num_seqs <= 17 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 14 workloads, 4.25x (1.49x .. 6.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len > 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 10 workloads, 2.25x (1.15x .. 2.93x) over vllm_flashinfer_prefill
+    if total_seq_len <= 462 and num_seqs > 17 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 5 workloads, 2.87x (1.87x .. 3.74x) over vllm_flashinfer_prefill
+    if 7 < total_seq_len <= 462 and num_seqs <= 17 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 2 workloads, 3.25x (3.19x .. 3.32x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 462 and num_seqs <= 1 and mean_seq_len > 5:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
+    # region 6: 9 workloads, 2.66x (1.65x .. 4.38x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 462 and num_seqs > 1 and mean_seq_len > 5:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 66 workloads, 1.70x (1.15x .. 3.77x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 7643:
         return 'flashinfer_direct'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 358 and mean_seq_len > 4845:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 4:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -153,159 +163,171 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.77% mean, 41.30% max;
-#             1.165x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.06% mean, 56.93% max;
-#             1.912x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.24% mean, 53.81% max;
+#             1.155x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.20% mean, 122.28% max;
+#             1.678x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   4. total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   6. total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   7. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   8. total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   10. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   11. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   13. total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   15. total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   17. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   18. total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
-#   19. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   20. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-#   21. total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 29: vllm_flashinfer_prefill (baseline), 0 workloads
-#   22. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   24. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   27. 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   28. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   29. total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   30. 63 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len <= 1723: vllm_flashinfer_prefill.cp_off, 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   31. total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   33. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399: flashinfer_direct, 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   35. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   39. total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   40. total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   41. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
-#   42. total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   43. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   44. total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   45. total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   46. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
-#   47. total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   48. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   49. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   50. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   51. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   52. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   1. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   4. total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   6. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   7. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 19: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518: flashinfer_direct, 11 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1667: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. num_seqs > 34 and 3 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.42x (1.37x .. 1.46x) over vllm_flashinfer_prefill
+#   17. num_seqs > 34 and mean_seq_len > 3 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   18. num_seqs > 34 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.09x (1.08x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   19. num_seqs > 34 and mean_seq_len > 5 and 11 < max_seq_len <= 26: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   20. 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   21. 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 9: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   22. 63 < total_seq_len <= 969 and num_seqs <= 2: flashinfer_direct, 9 workloads, 2.24x (1.19x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   23. 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len <= 19: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   24. 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and 19 < max_seq_len <= 294: flashinfer_direct, 11 workloads, 3.63x (1.10x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len > 294: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.36x (1.04x .. 2.33x) over vllm_flashinfer_prefill
+#   26. 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 19: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct
+#   28. total_seq_len > 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19: triton_prefill_fused.c16v64, 2 workloads, 1.19x (1.18x .. 1.19x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   29. 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   30. 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and 32 < max_seq_len <= 73: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   31. 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. 181 < total_seq_len <= 724 and 21 < num_seqs <= 34 and mean_seq_len > 3: flashinfer_direct, 3 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.50x (1.33x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   34. total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. total_seq_len > 724 and 21 < num_seqs <= 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   36. 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 696: flashinfer_direct, 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   37. 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 696: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   38. 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len <= 4846: flashinfer_direct, 8 workloads, 2.02x (1.16x .. 3.57x) over vllm_flashinfer_prefill
+#   39. 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len > 4846: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. total_seq_len > 969 and num_seqs <= 2 and max_seq_len <= 2281: flashinfer_direct, 5 workloads, 1.53x (1.09x .. 2.14x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   41. total_seq_len > 969 and num_seqs <= 2 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   42. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956: flashinfer_direct, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   43. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   44. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   46. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   47. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   48. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   49. total_seq_len > 10776 and 2 < num_seqs <= 4 and max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   50. total_seq_len > 10776 and 2 < num_seqs <= 4 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.04x (2.89x .. 3.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 44: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.11x (2.03x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and 44 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 5 workloads, 5.45x (4.53x .. 6.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 1905 and num_seqs <= 8 and max_seq_len <= 44: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.24x (3.40x .. 8.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 1905 and mean_seq_len <= 2 and max_seq_len > 44: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.71x (1.31x .. 2.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. 78 < total_seq_len <= 724 and num_seqs > 8 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.41x (1.72x .. 3.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
-#   9. 181 < total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127: flashinfer_direct, 20 workloads, 3.37x (2.55x .. 4.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. 181 < total_seq_len <= 1905 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44: flashinfer_direct, 24 workloads, 1.67x (1.29x .. 2.02x) over vllm_flashinfer_prefill
-#   11. 724 < total_seq_len <= 1905 and 8 < num_seqs <= 90 and max_seq_len <= 44: flashinfer_direct, 2 workloads, 1.61x (1.52x .. 1.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   12. 724 < total_seq_len <= 1905 and num_seqs > 90 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.93x (1.77x .. 2.12x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len > 1905 and num_seqs <= 5 and 8189 < max_seq_len <= 11494: vllm_flashinfer_prefill (baseline), 0 workloads
-#   14. total_seq_len > 1905 and num_seqs <= 11 and 11494 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 0 workloads
-#   15. total_seq_len > 1905 and num_seqs <= 22 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   16. total_seq_len > 1905 and max_seq_len <= 8189: flashinfer_direct, 43 workloads, 1.55x (1.06x .. 3.43x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 1905 and num_seqs > 5 and 8189 < max_seq_len <= 11494: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   18. total_seq_len > 1905 and num_seqs > 11 and 11494 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   19. total_seq_len > 1905 and num_seqs > 22 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 31 and 3 < max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and 15 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.08x (6.08x .. 6.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 168 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 168 and max_seq_len > 16: cuda_prefill_pool_rows.k8c8, 13 workloads, 3.70x (1.49x .. 5.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 168 and num_seqs > 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.96x (2.69x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 31 < total_seq_len <= 168 and 3 < max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.85x (2.34x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 90 < total_seq_len <= 168 and 15 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. 168 < total_seq_len <= 362 and mean_seq_len > 22 and max_seq_len <= 121: cuda_prefill_pool_rows.k2c8, 1 workloads, 5.38x (5.38x .. 5.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. 168 < total_seq_len <= 969 and num_seqs <= 5 and 121 < max_seq_len <= 224: triton_prefill_fused.c16v32, 4 workloads, 3.53x (3.13x .. 4.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. 168 < total_seq_len <= 969 and num_seqs <= 5 and max_seq_len > 224: flashinfer_direct, 8 workloads, 2.98x (2.49x .. 3.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. 168 < total_seq_len <= 969 and mean_seq_len <= 11 and max_seq_len <= 121: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.16x (1.86x .. 2.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
+#   12. 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and 44 < max_seq_len <= 121: triton_prefill_fused.c16v64, 2 workloads, 1.62x (1.51x .. 1.73x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   14. 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 121: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 121: flashinfer_direct, 8 workloads, 1.55x (1.37x .. 1.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   16. 362 < total_seq_len <= 969 and mean_seq_len > 22 and max_seq_len <= 121: triton_prefill_fused.c16v64, 3 workloads, 1.76x (1.72x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len > 969 and num_seqs <= 5 and 5969 < max_seq_len <= 11494: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   18. total_seq_len > 969 and num_seqs <= 11 and 11494 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. total_seq_len > 969 and num_seqs <= 22 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. total_seq_len > 969 and mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.86x (1.75x .. 1.98x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   21. total_seq_len > 969 and mean_seq_len <= 5 and 90 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 969 and 5 < mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.33x (1.25x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   23. total_seq_len > 969 and 5 < mean_seq_len <= 8 and 56 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 969 and mean_seq_len > 8 and max_seq_len <= 5969: flashinfer_direct, 55 workloads, 1.66x (1.16x .. 3.30x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 969 and num_seqs > 5 and 5969 < max_seq_len <= 11494: flashinfer_direct, 5 workloads, 1.21x (1.18x .. 1.27x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 969 and num_seqs > 11 and 11494 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len > 969 and num_seqs > 22 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.1, 8.1, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 6), 'num_seqs': (2, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 73), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.42, 1.53, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (21, 45), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (11, 54), 'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.05), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (5, None), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (156, 425), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (425, 518), 'mean_seq_len': (5, None), 'num_seqs': (8, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (22, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 2, 'speedup': (1.6, 1.62, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'num_seqs': (8, 71), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (63, 2438)}, 'workloads': 32, 'speedup': (1.09, 2.6, 4.97), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1723, 2896), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 2), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4399), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.47, 1.57, 1.68), 'fallbacks': ()},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (1723, None), 'num_seqs': (2, 4), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 571), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 5, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (571, 625), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (625, 956), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (63, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.4, 1.43, 1.46), 'fallbacks': ()},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (2, 5), 'num_seqs': (8, 71), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 43, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 2), 'num_seqs': (71, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (21, None), 'total_seq_len': (724, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 46, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.37, 1.4, 1.43), 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, 5), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (None, 1723), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (518, 1010), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1010, None), 'mean_seq_len': (5, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (19, 518), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 11, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (3, 5), 'num_seqs': (34, None)}, 'workloads': 4, 'speedup': (1.37, 1.42, 1.46), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (3, None), 'num_seqs': (34, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (34, None)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.1), 'fallbacks': (), 'hand_back': True},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 26), 'mean_seq_len': (5, None), 'num_seqs': (34, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (51, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (51, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (63, 969)}, 'workloads': 9, 'speedup': (1.19, 2.24, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'num_seqs': (2, 8), 'total_seq_len': (63, 969)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (19, 294), 'num_seqs': (2, 8), 'total_seq_len': (63, 969)}, 'workloads': 11, 'speedup': (1.1, 3.63, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (294, None), 'num_seqs': (2, 8), 'total_seq_len': (63, 969)}, 'workloads': 3, 'speedup': (1.04, 1.36, 2.33), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (78, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (78, 168)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.19), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (168, 280)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (32, 73), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (168, 280)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (168, 280)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (181, 724)}, 'workloads': 3, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (280, None)}, 'workloads': 3, 'speedup': (1.33, 1.5, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (280, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (724, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 696), 'num_seqs': (4, 8), 'total_seq_len': (969, 1448)}, 'workloads': 2, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (696, None), 'num_seqs': (4, 8), 'total_seq_len': (969, 1448)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4846), 'num_seqs': (2, 4), 'total_seq_len': (969, 10776)}, 'workloads': 8, 'speedup': (1.16, 2.02, 3.57), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4846, None), 'num_seqs': (2, 4), 'total_seq_len': (969, 10776)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'num_seqs': (None, 2), 'total_seq_len': (969, None)}, 'workloads': 5, 'speedup': (1.09, 1.53, 2.14), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'num_seqs': (None, 2), 'total_seq_len': (969, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (19, 518), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'num_seqs': (2, 4), 'total_seq_len': (10776, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, None), 'num_seqs': (2, 4), 'total_seq_len': (10776, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (2.89, 3.04, 3.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 44), 'num_seqs': (8, None), 'total_seq_len': (None, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.15, 5.15, 5.15), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.03, 2.11, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (44, 127), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 1905)}, 'workloads': 5, 'speedup': (4.53, 5.45, 6.67), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (None, 8), 'total_seq_len': (None, 1905)}, 'workloads': 9, 'speedup': (3.4, 6.24, 8.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 1905)}, 'workloads': 2, 'speedup': (1.31, 1.71, 2.23), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (8, None), 'total_seq_len': (78, 724)}, 'workloads': 16, 'speedup': (1.72, 2.41, 3.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (2, None), 'num_seqs': (None, 5), 'total_seq_len': (181, 1905)}, 'workloads': 20, 'speedup': (2.55, 3.37, 4.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (181, 1905)}, 'workloads': 24, 'speedup': (1.29, 1.67, 2.02), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (8, 90), 'total_seq_len': (724, 1905)}, 'workloads': 2, 'speedup': (1.52, 1.61, 1.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'num_seqs': (90, None), 'total_seq_len': (724, 1905)}, 'workloads': 2, 'speedup': (1.77, 1.93, 2.12), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 11494), 'num_seqs': (None, 5), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (None, 11), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 22), 'total_seq_len': (1905, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 8189), 'total_seq_len': (1905, None)}, 'workloads': 43, 'speedup': (1.06, 1.55, 3.43), 'fallbacks': ()},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 11494), 'num_seqs': (5, None), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (11, None), 'total_seq_len': (1905, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (22, None), 'total_seq_len': (1905, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 15), 'total_seq_len': (None, 31)}, 'workloads': 1, 'speedup': (6.26, 6.26, 6.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 16), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.08, 6.08, 6.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 168)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (None, 168)}, 'workloads': 13, 'speedup': (1.49, 3.7, 5.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (None, 168)}, 'workloads': 4, 'speedup': (2.69, 2.96, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 15), 'total_seq_len': (31, 168)}, 'workloads': 5, 'speedup': (2.34, 2.85, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 16), 'total_seq_len': (90, 168)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 121), 'mean_seq_len': (22, None), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (5.38, 5.38, 5.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (121, 224), 'num_seqs': (None, 5), 'total_seq_len': (168, 969)}, 'workloads': 4, 'speedup': (3.13, 3.53, 4.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (224, None), 'num_seqs': (None, 5), 'total_seq_len': (168, 969)}, 'workloads': 8, 'speedup': (2.49, 2.98, 3.32), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 121), 'mean_seq_len': (None, 11), 'total_seq_len': (168, 969)}, 'workloads': 8, 'speedup': (1.86, 2.16, 2.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (11, 22), 'total_seq_len': (168, 969)}, 'workloads': 2, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 121), 'mean_seq_len': (11, 22), 'total_seq_len': (168, 969)}, 'workloads': 2, 'speedup': (1.51, 1.62, 1.73), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (121, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (168, 969)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (121, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (168, 969)}, 'workloads': 8, 'speedup': (1.37, 1.55, 1.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 121), 'mean_seq_len': (22, None), 'total_seq_len': (362, 969)}, 'workloads': 3, 'speedup': (1.72, 1.76, 1.83), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, 11494), 'num_seqs': (None, 5), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (None, 11), 'total_seq_len': (969, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 22), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 5), 'total_seq_len': (969, None)}, 'workloads': 2, 'speedup': (1.75, 1.86, 1.98), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, 5969), 'mean_seq_len': (None, 5), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (5, 8), 'total_seq_len': (969, None)}, 'workloads': 2, 'speedup': (1.25, 1.33, 1.42), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (56, 5969), 'mean_seq_len': (5, 8), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (8, None), 'total_seq_len': (969, None)}, 'workloads': 55, 'speedup': (1.16, 1.66, 3.3), 'fallbacks': ()},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 11494), 'num_seqs': (5, None), 'total_seq_len': (969, None)}, 'workloads': 5, 'speedup': (1.18, 1.21, 1.27), 'fallbacks': ()},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (11, None), 'total_seq_len': (969, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (22, None), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -314,218 +336,239 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 6:
+    # region 1: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 1 workloads, 8.10x (8.10x .. 8.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 2 and 2 < max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 2 < num_seqs <= 5 and 2 < max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
+    # region 2: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 19:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 2 workloads, 1.53x (1.42x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 21 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len > 54:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 2 workloads, 1.04x (1.03x .. 1.05x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and 11 < max_seq_len <= 54:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len > 5 and max_seq_len > 54:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 29:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 9 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1667:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1667:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 2 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if 8 < num_seqs <= 21 and mean_seq_len > 5 and 156 < max_seq_len <= 425:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 8 < num_seqs <= 21 and mean_seq_len > 5 and 425 < max_seq_len <= 518:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 63 and num_seqs <= 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 28: 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 8 < num_seqs <= 71 and mean_seq_len <= 2 and max_seq_len > 13:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 30: 32 workloads, 2.60x (1.09x .. 4.97x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len <= 1723:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 63 and num_seqs <= 2 and 1723 < mean_seq_len <= 2896:
-        return 'flashinfer_direct'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and num_seqs <= 2 and mean_seq_len > 2896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 2 workloads, 1.57x (1.47x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len <= 4399:
-        return 'flashinfer_direct'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 2 < num_seqs <= 4 and mean_seq_len > 1723 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 5 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len <= 571:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 571 < max_seq_len <= 625:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 625 < max_seq_len <= 956:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 63 and 4 < num_seqs <= 8 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 2 workloads, 1.43x (1.40x .. 1.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 26:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 42: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 8 < num_seqs <= 71 and 2 < mean_seq_len <= 5 and max_seq_len > 26:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 362 and num_seqs > 71 and mean_seq_len <= 2 and max_seq_len > 97:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 30 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 21 and mean_seq_len > 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 2 workloads, 1.40x (1.37x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len <= 44:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 71 and 2 < mean_seq_len <= 5 and max_seq_len > 44:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len <= 156:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len <= 2281:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 19:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len <= 1723 and max_seq_len > 2281:
+    # region 13: 11 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 14: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1667:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1667:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and 518 < max_seq_len <= 1010:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 5 and max_seq_len > 1010:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 4 workloads, 1.42x (1.37x .. 1.46x) over vllm_flashinfer_prefill
+    if num_seqs > 34 and 3 < mean_seq_len <= 5 and max_seq_len <= 26:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 34 and mean_seq_len > 3 and max_seq_len > 26:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 2 workloads, 1.09x (1.08x .. 1.10x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 34 and mean_seq_len > 5 and max_seq_len <= 11:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 34 and mean_seq_len > 5 and 11 < max_seq_len <= 26:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 9:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 9 workloads, 2.24x (1.19x .. 3.25x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 969 and num_seqs <= 2:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 23: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 11 workloads, 3.63x (1.10x .. 4.96x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and 19 < max_seq_len <= 294:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 25: 3 workloads, 1.36x (1.04x .. 2.33x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len > 294:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 19:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 28: 2 workloads, 1.19x (1.18x .. 1.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and 32 < max_seq_len <= 73:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 32: 3 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and 21 < num_seqs <= 34 and mean_seq_len > 3:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 33: 3 workloads, 1.50x (1.33x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 97:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 97:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and 21 < num_seqs <= 34 and mean_seq_len > 3:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 696:
+        return 'flashinfer_direct'
+    # region 37: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 696:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 38: 8 workloads, 2.02x (1.16x .. 3.57x) over vllm_flashinfer_prefill
+    if 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len <= 4846:
+        return 'flashinfer_direct'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len > 4846:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 5 workloads, 1.53x (1.09x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and num_seqs <= 2 and max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 969 and num_seqs <= 2 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1081:
+        return 'flashinfer_direct'
+    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 10776 and 2 < num_seqs <= 4 and max_seq_len <= 5969:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 3.04x (2.89x .. 3.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs > 8 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 78 and num_seqs > 8 and 13 < max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 5.15x (5.15x .. 5.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 2.11x (2.03x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 5 workloads, 5.45x (4.53x .. 6.67x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and 44 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 9 workloads, 6.24x (3.40x .. 8.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1905 and num_seqs <= 8 and max_seq_len <= 44:
+    # region 1: 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 31 and 3 < max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 6.08x (6.08x .. 6.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 15 < max_seq_len <= 16:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 2 workloads, 1.71x (1.31x .. 2.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1905 and mean_seq_len <= 2 and max_seq_len > 44:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 16 workloads, 2.41x (1.72x .. 3.41x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 724 and num_seqs > 8 and max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 20 workloads, 3.37x (2.55x .. 4.01x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1905 and num_seqs <= 5 and mean_seq_len > 2 and max_seq_len > 127:
+    # region 3: 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs <= 2 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 13 workloads, 3.70x (1.49x .. 5.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and max_seq_len > 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 2.96x (2.69x .. 3.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs > 2 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 5 workloads, 2.85x (2.34x .. 3.74x) over vllm_flashinfer_prefill
+    if 31 < total_seq_len <= 168 and 3 < max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if 90 < total_seq_len <= 168 and 15 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 1 workloads, 5.38x (5.38x .. 5.38x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 362 and mean_seq_len > 22 and max_seq_len <= 121:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 4 workloads, 3.53x (3.13x .. 4.14x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and num_seqs <= 5 and 121 < max_seq_len <= 224:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 8 workloads, 2.98x (2.49x .. 3.32x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and num_seqs <= 5 and max_seq_len > 224:
         return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 10: 24 workloads, 1.67x (1.29x .. 2.02x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1905 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 44:
-        return 'flashinfer_direct'
-    # region 11: 2 workloads, 1.61x (1.52x .. 1.70x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1905 and 8 < num_seqs <= 90 and max_seq_len <= 44:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 2 workloads, 1.93x (1.77x .. 2.12x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1905 and num_seqs > 90 and max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1905 and num_seqs <= 22 and max_seq_len > 18958:
+    # region 11: 8 workloads, 2.16x (1.86x .. 2.61x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and mean_seq_len <= 11 and max_seq_len <= 121:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and max_seq_len <= 44:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 2 workloads, 1.62x (1.51x .. 1.73x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and 44 < max_seq_len <= 121:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 14: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 121:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 8 workloads, 1.55x (1.37x .. 1.66x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 121:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 16: 3 workloads, 1.76x (1.72x .. 1.83x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 969 and mean_seq_len > 22 and max_seq_len <= 121:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 969 and num_seqs <= 5 and 5969 < max_seq_len <= 11494:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 969 and num_seqs <= 22 and max_seq_len > 18958:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 43 workloads, 1.55x (1.06x .. 3.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 1905 and max_seq_len <= 8189:
+    # region 20: 2 workloads, 1.86x (1.75x .. 1.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and mean_seq_len <= 5 and max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and mean_seq_len <= 5 and 90 < max_seq_len <= 5969:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 2 workloads, 1.33x (1.25x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and 5 < mean_seq_len <= 8 and max_seq_len <= 56:
+        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and 5 < mean_seq_len <= 8 and 56 < max_seq_len <= 5969:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 24: 55 workloads, 1.66x (1.16x .. 3.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and mean_seq_len > 8 and max_seq_len <= 5969:
         return 'flashinfer_direct'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1905 and num_seqs > 5 and 8189 < max_seq_len <= 11494:
+    # region 25: 5 workloads, 1.21x (1.18x .. 1.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and num_seqs > 5 and 5969 < max_seq_len <= 11494:
         return 'flashinfer_direct'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1905 and num_seqs > 11 and 11494 < max_seq_len <= 18958:
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 969 and num_seqs > 11 and 11494 < max_seq_len <= 18958:
         return 'flashinfer_direct'
-    # region 19: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len > 1905 and num_seqs > 22 and max_seq_len > 18958:
+    # region 27: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
+    if total_seq_len > 969 and num_seqs > 22 and max_seq_len > 18958:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 724 and num_seqs > 21 and mean_seq_len > 5 and max_seq_len <= 11:  # region 17
+    if num_seqs > 34 and mean_seq_len > 5 and max_seq_len <= 11:  # region 18
         return True
     return False
