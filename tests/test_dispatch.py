@@ -296,6 +296,28 @@ def test_a_plugins_question_is_answered_once_per_shape_until_the_decisions_are_f
     assert not d.gives_back("cpu", {"batch_size": 2}), "a new router: asked again"
 
 
+def test_a_full_decision_memo_forgets_its_oldest_shapes_first(fake, monkeypatch):
+    """A serving engine's prefills bring new shapes without end: the memos stay bounded, dropping the
+    oldest decision (asked of the router again when it comes back) and keeping the newest."""
+    from kdispatch import dispatch
+
+    monkeypatch.setattr(dispatch, "MAX_SEEN_ONCE", 3)
+    d = kdispatch.ops.DISPATCHERS["gdn_decode"]
+    asked = []
+    d.set_router("cpu", lambda batch_size: asked.append(batch_size) or "fake_cpu")
+    for b in range(1, 6):
+        d.gives_back("cpu", {"batch_size": b})
+    assert len(d._decisions) == 3
+    asked.clear()
+    d.gives_back("cpu", {"batch_size": 5})
+    assert asked == [], "the newest kept"
+    d.gives_back("cpu", {"batch_size": 1})
+    assert asked == [1], "the oldest forgotten"
+    for b in range(1, 6):
+        kdispatch.ops.gdn_decode(*decode_args(b))
+    assert len(d._seen_once) == 3 and list(d._seen_once) == [decode_args(b)[0].shape for b in (3, 4, 5)]
+
+
 POOL = "gdn_prefill_pool_qk4_v8_d128_k_last"
 
 
