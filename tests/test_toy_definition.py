@@ -389,7 +389,8 @@ def test_tune_warms_up_on_several_workers_a_gpu_before_measuring(tmp_path, toy, 
 
 def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, toy):
     """`tune --eager-turns` takes a workload's eager times in turns; rows of the default (each
-    variant's own loop) are not comparable with them, and `route` says so for a mixed definition."""
+    variant's own loop) are not comparable with them, and `route` (or a tune that only measures) says so
+    for a mixed definition."""
     import io
 
     write_traces(tmp_path, (2, 5))
@@ -413,7 +414,10 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "turns"
     registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
     try:
-        flows.tune(tmp_path / "traces", **kw)  # the new variant alone, in its own loop
+        told = io.StringIO()  # the new variant alone, in its own loop; measured only (as a held-out store is)
+        flows.tune(tmp_path / "traces", **{**kw, "stream": told}, compile_routers=False)
+        assert "[tune] warning: toy_scale on CPU: 4 rows took their eager times in turns and 2" in told.getvalue()
+        assert "--eager-turns-only --definitions toy_scale" in told.getvalue()
         done = flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
         assert flows.check_routers(done, Store.open(store), io.StringIO())[NAME]["eager_protocol"] == "mixed"
     finally:

@@ -157,6 +157,13 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     elif store.path is not None:
         store.drop_superseded()
         store.dump_jsonl()
+    if not compile_routers and not eager_only:
+        # no route to warn of a mix this tune made (new variants' own-loop rows among turns rows):
+        # say so here, where a held-out store's check would otherwise score unlike eager times
+        for d in sorted({d for d, _, _ in result.measured}):
+            table = fitting.load_table(store, d, env["arch"])
+            if table is not None:
+                _warn_mixed_eager(table, stream, "tune")
     if compile_routers:
         uuids = {p.definition: [w["uuid"] for w in p.workloads] for p in plans}
         out = out if out is not None else (QUICK_DIR / "routers" if quick else ROUTERS_DIR)
@@ -537,17 +544,20 @@ def _eager_protocols(table) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _warn_mixed_eager(table, stream) -> bool:
+def _warn_mixed_eager(table, stream, step: str = "route") -> bool:
     """Warns where one device's rows of the table took their eager times both ways (`_eager_protocols`):
     a variant measured in turns pays more host time per call (benchmarks/results/eager-protocol-H200.txt),
-    so the eager fit would compare unlike times. Returns whether it warned."""
+    so the eager fit (or a check's eager regret) would compare unlike times. Returns whether it warned."""
     mixed = False
+    short = defs.get(table.definition).short
     for device, (turns, own) in _eager_protocols(table).items():
         if turns and own:
             mixed = True
-            stream.write(f"[route] warning: {defs.get(table.definition).short} on {device}: {turns} rows took "
-                         f"their eager times in turns and {own} in each variant's own loop; the eager router "
-                         "compares unlike times: re-measure the definition one way (`kdispatch tune --force`)\n")
+            stream.write(f"[{step}] warning: {short} on {device}: {turns} rows took their eager times in turns "
+                         f"and {own} in each variant's own loop; its eager times compare unlike: take them in "
+                         f"turns again (`kdispatch tune --eager-turns-only --definitions {short}`, with the "
+                         "same --workloads and --store: no gate, no graph timing), or re-measure it one way "
+                         "(`--force`)\n")
     return mixed
 
 
