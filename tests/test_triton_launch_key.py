@@ -20,6 +20,7 @@ def test_what_separates_compiled_kernels():
                  key(x, 32, m=2**40), key(x, 32, a=True), key(x, 32, a=None)]
     assert len(set(different)) == len(different)
     assert key(x, 32, m=1) == key(x, 32, m=3)  # do_not_specialize: only its width counts
+    assert key(torch.nn.Parameter(torch.zeros(64)), 32) == key(x, 32)  # a Tensor subclass keys as a tensor
 
 
 def test_launch_hooks_are_noticed():
