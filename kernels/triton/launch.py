@@ -21,26 +21,23 @@ from triton.runtime.jit import JITFunction
 
 _INT32 = 2**31
 _Tensor = torch.Tensor
-_COMPILED: dict[tuple, object] = {}  # (id(kernel), device, options, specialisation) -> CompiledKernel
-# id(kernel) -> (kernel, plan); plan: (number of parameters, of runtime ones, whether each of those is
-# specialised), None: always the JIT call (an interpreted kernel, or constexprs before runtime
-# parameters: the key takes the constexprs as the tail of the arguments). Keyed by id: a JITFunction
-# hashes through Python properties, ~0.5 us a time on a CPU host, twice a launch; the entry holds
-# the kernel, so its id stays its own.
-_PLANS: dict[int, tuple] = {}
+_COMPILED: dict[tuple, object] = {}  # (kernel, device, options, specialisation) -> CompiledKernel
+# kernel -> (number of runtime parameters, whether each is specialised); None: always the JIT call
+# (an interpreted kernel, or constexprs before runtime parameters: the key takes the constexprs as
+# the tail of the arguments)
+_PLANS: dict[object, tuple[int, tuple[bool, ...]] | None] = {}
 
 
-def _plan(kernel) -> tuple[int, int, tuple[bool, ...]] | None:
-    got = _PLANS.get(id(kernel))
-    if got is None:
+def _plan(kernel) -> tuple[int, tuple[bool, ...]] | None:
+    if kernel not in _PLANS:
         plan = None
         if isinstance(kernel, JITFunction):
             constexpr = [p.is_constexpr for p in kernel.params]
             runtime = constexpr.index(True) if True in constexpr else len(constexpr)
             if all(constexpr[runtime:]):
-                plan = (len(constexpr), runtime, tuple(not p.do_not_specialize for p in kernel.params[:runtime]))
-        got = _PLANS[id(kernel)] = (kernel, plan)
-    return got[1]
+                plan = (runtime, tuple(not p.do_not_specialize for p in kernel.params[:runtime]))
+        _PLANS[kernel] = plan
+    return _PLANS[kernel]
 
 
 def _hooked(hook) -> bool:
@@ -68,11 +65,11 @@ def launch(kernel, grid: tuple[int, ...], *args, num_warps: int = 4, num_stages:
     if plan is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
         kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
         return
-    params, runtime, specialised = plan
-    if len(args) != params:
-        raise TypeError(f"launch: {kernel.__name__} takes {params} arguments, got {len(args)}")
+    runtime, specialised = plan
+    if len(args) != len(kernel.params):
+        raise TypeError(f"launch: {kernel.__name__} takes {len(kernel.params)} arguments, got {len(args)}")
     device = driver.active.get_current_device()
-    key = (id(kernel), device, num_warps, num_stages, args[runtime:], _specialisation(args[:runtime], specialised))
+    key = (kernel, device, num_warps, num_stages, args[runtime:], _specialisation(args[:runtime], specialised))
     compiled = _COMPILED.get(key)
     if compiled is None:
         _COMPILED[key] = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages)
