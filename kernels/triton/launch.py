@@ -20,7 +20,6 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 _INT32 = 2**31
-_Tensor = torch.Tensor
 _COMPILED: dict[tuple, object] = {}  # (kernel, device, options, specialisation) -> CompiledKernel
 # kernel -> (number of runtime parameters, whether each is specialised); None: always the JIT call
 # (an interpreted kernel, or constexprs before runtime parameters: the key takes the constexprs as
@@ -49,13 +48,9 @@ def _specialisation(args, specialised) -> tuple:
     """What the JIT call keys a compiled kernel by, for these runtime arguments (tensors, ints, floats,
     bools, None): each pointer's dtype and 16-byte alignment, each int's width and, where specialised,
     whether it is 1 or divides by 16; floats by type, anything else by value."""
-    # exact-type tests first, most arguments being tensors and ints (a quarter faster than isinstance
-    # first, CPU host: the key is computed on every launch); a Tensor subclass falls to the isinstance
-    return tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is _Tensor
-                  else ((a == 1, not a & 15, -_INT32 <= a < _INT32) if s else -_INT32 <= a < _INT32)
-                  if type(a) is int
-                  else float if type(a) is float
-                  else (a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor) else a
+    return tuple([(a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, torch.Tensor)
+                  else (float if type(a) is float else a) if type(a) is not int
+                  else (a == 1, a & 15 == 0, -_INT32 <= a < _INT32) if s else -_INT32 <= a < _INT32
                   for a, s in zip(args, specialised)])
 
 
