@@ -226,8 +226,7 @@ class Dispatcher:
         self._entries: dict = {}  # first tensor's shape -> [_Entry]
         # first tensors' shapes that had a one-off decision (keys only). Both memos below drop their
         # oldest entry once full, at every new shape of a serving engine's prefills: an OrderedDict
-        # pops it in O(1), where a dict's first key sits behind the dropped ones' tombstones (~2 us
-        # a call, measured on a CPU host)
+        # pops it in O(1), where finding a dict's first key scans past the dropped ones' tombstones
         self._seen_once: collections.OrderedDict = collections.OrderedDict()
         # (arch, mode, strided, *features) -> (variant, whether plugins get the call back), for the
         # decisions not cached with a call signature: a plugin's `gives_back` and the one-off call
