@@ -129,8 +129,8 @@ def heldout_table(path: Path) -> str:
              "(`kdispatch tune --eager-turns`, or `--eager-turns-only` on the rows a tune stored)")
     if len(turns) == len(check["regret"]):  # eager rows with less drift between variants (tuner/README.md)
         lines += ["", taken + ": every op's."]
-    elif turns:  # their regrets read differently from the own-loop ones
-        part = [", ".join(f"`{op}`" for op in turns)]
+    elif turns or mixed:  # their regrets read differently from the own-loop ones
+        part = [", ".join(f"`{op}`" for op in turns)] if turns else []
         if mixed:
             part.append("some rows of " + ", ".join(f"`{op}`" for op in mixed) + " in turns, the others in their "
                         "own loop (their eager regrets compare unlike times until those rows are taken in turns again)")
