@@ -10,7 +10,7 @@ says why a variant is over it.
         [--json out.json]
 
 A shape lists the definition's variable axes; those it leaves out take the values of the definition's
-first contest workload.
+first contest workload (first coverage workload where it has none).
 """
 from __future__ import annotations
 
@@ -38,8 +38,12 @@ def parse_shape(text: str) -> dict[str, int]:
 
 
 def axes_of(definition: str, given: dict[str, int]) -> dict[str, int]:
-    """`given` over the first contest workload's axes; an axis the definition lacks is an error."""
-    axes = dict(workloads.load_workloads("traces", definition)[0].axes)
+    """`given` over the axes of the definition's first contest workload (of its first coverage one, for
+    the engine conventions, which have no contest workloads); an axis the definition lacks is an error."""
+    first = workloads.load_workloads("traces", definition) or workloads.load_workloads("traces/coverage", definition)
+    if not first:
+        raise SystemExit(f"{definition}: no workload under traces/ or traces/coverage/ to take the other axes from")
+    axes = dict(first[0].axes)
     unknown = set(given) - set(axes)
     if unknown:
         raise SystemExit(f"{definition} has no axes {sorted(unknown)} (its axes: {sorted(axes)})")

@@ -1038,6 +1038,26 @@ def test_the_check_scores_each_device_with_the_router_that_serves_it(tmp_path, v
     assert fitting.measured_regret(pol, t)["regret_mean_pct"] > 0
 
 
+def test_the_check_names_the_call_with_the_largest_regret(tmp_path, variants_a_b):
+    """Held-out rows of a part without a router of its own, scored with the architecture's: the
+    summary's `worst` is the call of the max regret, with the variant that served it, the fastest one
+    there and the baseline's time; the check prints it."""
+    done = flows.compile_all(two_device_store(), tmp_path, "sm90", [DECODE], stream=io.StringIO())
+    held = build_store(DECODE, [(f"h{b}", {"batch_size": b}) for b in (3, 6, 24, 48)], decode_latency,
+                       env={**ENV, "device": "Fake GPU 94GB"})
+    t = fitting.load_table(held, DECODE, "sm90")
+    s = fitting.measured_regret(done[0][2], t)
+    w = s["worst"]
+    assert w["regret_pct"] == s["regret_max_pct"] > 0 and w["routed"] != w["best"]
+    u = next(u for u in t.uuids if t.features[u] == w["features"])
+    assert w["best_us"] == min(r.median_us for (_v, uu), r in t.rows.items() if uu == u)
+    assert w["routed_us"] == t.rows[(w["routed"], u)].median_us
+    assert w["baseline_us"] == t.rows[(t.baseline, u)].median_us
+    said = io.StringIO()
+    assert flows.check_routers(done, held, said)[DECODE]["graph"] == s
+    assert f"worst batch_size={w['features']['batch_size']}: {w['routed']}" in said.getvalue()
+
+
 def test_dispatch_takes_the_router_of_the_gpu_model_where_there_is_one(monkeypatch):
     """`arch_of` names the GPU model too (`Arch.model`): its own router serves it, another model
     gets the architecture's, and a router set by hand replaces both."""

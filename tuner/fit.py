@@ -965,11 +965,14 @@ def measured_regret_of(parts, mode: str = "graph") -> dict:
 class _RegretSum:
     """Routed vs best vs baseline over workloads, as the dispatcher would route them: the first
     variant of the region's chain that accepts the shape (its `supports`), or, in a region that
-    hands calls back, the engine's own kernel (what a plugin runs; every time here is the row's)."""
+    hands calls back, the engine's own kernel (what a plugin runs; every time here is the row's).
+    The summary names the call with the largest regret (`worst`): where a router is short, that call
+    says which shape and which variants to look at."""
 
     def __init__(self):
         self.regrets, self.chosen, self.best, self.base = [], 0.0, 0.0, 0.0
         self.slower, self.unsafe = [], []
+        self.worst = None
 
     def add(self, pol: Policy, t: Table, uuids, mode: str, min_gain: float) -> None:
         for u in uuids:
@@ -984,9 +987,13 @@ class _RegretSum:
             if name != t.baseline and (r is None or (mode == "graph" and not row.routable and not row.screened)):
                 self.unsafe.append(u)  # routed to a variant that failed (or was not measured) here
                 r = b
-            best = min(timed(x, mode).median_us for (v, uu), x in t.rows.items()
-                       if uu == u and timed(x, mode) is not None and (mode == "eager" or x.routable or v == t.baseline))
+            best, best_name = min((timed(x, mode).median_us, v) for (v, uu), x in t.rows.items()
+                                  if uu == u and timed(x, mode) is not None and (mode == "eager" or x.routable or v == t.baseline))
             self.regrets.append(r.median_us / best - 1.0)
+            if self.worst is None or self.regrets[-1] > self.worst["regret_pct"] / 100:
+                self.worst = {"features": dict(t.features[u]), "regret_pct": 100 * self.regrets[-1],
+                              "routed": name, "routed_us": r.median_us, "best": best_name, "best_us": best,
+                              "baseline_us": b.median_us}
             self.chosen += r.median_us
             self.best += best
             self.base += b.median_us
@@ -1001,7 +1008,8 @@ class _RegretSum:
                 "regret_max_pct": round(100 * max(self.regrets), 2),
                 "regret_total_pct": round(100 * (self.chosen / self.best - 1.0), 2),
                 "speedup_vs_baseline": round(self.base / self.chosen, 3),
-                "slower_than_baseline": len(self.slower), "unsafe": len(self.unsafe)}
+                "slower_than_baseline": len(self.slower), "unsafe": len(self.unsafe),
+                "worst": {k: round(v, 2) if isinstance(v, float) else v for k, v in self.worst.items()}}
 
 
 def _screen_time(screened: dict, mode: str) -> Timed | None:

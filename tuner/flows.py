@@ -469,7 +469,16 @@ def check_routers(done, check: Store, stream, hints: dict | None = None) -> dict
                 stream.write(f"[check] {defs.get(d).short} {label}: {h['workloads']} workloads, regret {h['regret_mean_pct']:.2f}% "
                              f"mean / {h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
                              f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe\n")
+                if h["worst"]["routed"] != h["worst"]["best"]:
+                    stream.write(f"[check]     worst {_worst_call(h['worst'])}\n")
     return out
+
+
+def _worst_call(w: dict) -> str:
+    """One line for a regret summary's `worst` call: its shape, what served it and what was fastest."""
+    shape = ", ".join(f"{k}={v}" for k, v in w["features"].items())
+    return (f"{shape}: {w['routed']} {w['routed_us']:.1f} us, best {w['best']} {w['best_us']:.1f} us "
+            f"(+{w['regret_pct']:.1f}%), baseline {w['baseline_us']:.1f} us")
 
 
 def _without_retired(table, stream, step: str = "route"):
@@ -610,6 +619,8 @@ def summarize(policy, path) -> str:
         lines.append(f"[route]   held-out ({h['folds']}-fold): regret {h['regret_mean_pct']:.2f}% mean / "
                      f"{h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
                      f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe")
+        if h["worst"]["routed"] != h["worst"]["best"]:
+            lines.append(f"[route]     worst {_worst_call(h['worst'])}")
     return "\n".join(lines)
 
 
