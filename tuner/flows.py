@@ -466,19 +466,24 @@ def check_routers(done, check: Store, stream, hints: dict | None = None) -> dict
         rows = [(m, out[d][m]) for m in MODES] + [(f"{m} hinted", h) for m, h in out[d].get("hinted", {}).items()]
         for label, h in rows:
             if h.get("workloads"):
-                stream.write(f"[check] {defs.get(d).short} {label}: {h['workloads']} workloads, regret {h['regret_mean_pct']:.2f}% "
-                             f"mean / {h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
-                             f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe\n")
-                if h["worst"]["routed"] != h["worst"]["best"]:
-                    stream.write(f"[check]     worst {_worst_call(h['worst'])}\n")
+                stream.write(f"[check] {defs.get(d).short} {label}: {h['workloads']} workloads, "
+                             f"{_regret_text(h, '[check]')}\n")
     return out
 
 
-def _worst_call(w: dict) -> str:
-    """One line for a regret summary's `worst` call: its shape, what served it and what was fastest."""
+def _regret_text(h: dict, prefix: str) -> str:
+    """A regret summary (`fit.measured_regret`) in words, and on a line of its own (each starting with
+    `prefix`) the call of the largest regret where a variant other than the one served was faster:
+    its shape, what served it, what was fastest, the baseline's time."""
+    text = (f"regret {h['regret_mean_pct']:.2f}% mean / {h['regret_max_pct']:.2f}% max, "
+            f"{h['speedup_vs_baseline']:.3f}x over baseline, {h['slower_than_baseline']} slower than baseline, "
+            f"{h['unsafe']} unsafe")
+    w = h["worst"]
+    if w["routed"] == w["best"]:
+        return text
     shape = ", ".join(f"{k}={v}" for k, v in w["features"].items())
-    return (f"{shape}: {w['routed']} {w['routed_us']:.1f} us, best {w['best']} {w['best_us']:.1f} us "
-            f"(+{w['regret_pct']:.1f}%), baseline {w['baseline_us']:.1f} us")
+    return (f"{text}\n{prefix}     worst {shape}: {w['routed']} {w['routed_us']:.1f} us, best {w['best']} "
+            f"{w['best_us']:.1f} us (+{w['regret_pct']:.1f}%), baseline {w['baseline_us']:.1f} us")
 
 
 def _without_retired(table, stream, step: str = "route"):
@@ -616,11 +621,7 @@ def summarize(policy, path) -> str:
         sp = "" if r.variant == policy.baseline else f" {codegen._speedup(r.stats)}"
         lines.append(f"[route]   {i}. {cond}: {r.variant} ({len(r.uuids)} workloads){sp}")
     if h.get("workloads"):
-        lines.append(f"[route]   held-out ({h['folds']}-fold): regret {h['regret_mean_pct']:.2f}% mean / "
-                     f"{h['regret_max_pct']:.2f}% max, {h['speedup_vs_baseline']:.3f}x over baseline, "
-                     f"{h['slower_than_baseline']} slower than baseline, {h['unsafe']} unsafe")
-        if h["worst"]["routed"] != h["worst"]["best"]:
-            lines.append(f"[route]     worst {_worst_call(h['worst'])}")
+        lines.append(f"[route]   held-out ({h['folds']}-fold): {_regret_text(h, '[route]')}")
     return "\n".join(lines)
 
 
