@@ -207,8 +207,9 @@ def test_report_without_matplotlib_keeps_existing_plots(tmp_path, monkeypatch):
     png = tmp_path / f"{arch}-gdn_decode.png"
     png.write_bytes(b"an earlier plot")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    text = write_report(store, tmp_path, arch).read_text()
+    text = write_report(store, tmp_path, arch, definitions=["gdn_decode"]).read_text()
     assert "matplotlib is not installed" in text and f"]({png.name})" in text
+    assert "gdn_prefill" not in text  # the definitions named only
     assert png.read_bytes() == b"an earlier plot"
 
 

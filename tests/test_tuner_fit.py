@@ -196,8 +196,9 @@ def test_explain_shows_the_chain_and_when_it_is_not_tried(tmp_path, capsys):
         b = axes["batch_size"]
         return {"flashinfer": 100.0, "A": 50.0 if b < 16 else 200.0, "B": 70.0 if b < 16 else 60.0}[name]
 
-    codegen.write(fitting.fit(fitting.load_table(build_store(DECODE, decode_workloads(), lat), DECODE, "sm90")),
-                  tmp_path)
+    store_path = tmp_path / "fake.sqlite"  # the measurements behind the region: these, not the committed stores
+    store = build_store(DECODE, decode_workloads(), lat, into=Store(store_path))
+    codegen.write(fitting.fit(fitting.load_table(store, DECODE, "sm90")), tmp_path)
     parser = __import__("argparse").ArgumentParser()
     tcli.add_commands(parser.add_subparsers(dest="command"))
     d = kdispatch.ops.DISPATCHERS["gdn_decode"]
@@ -205,7 +206,7 @@ def test_explain_shows_the_chain_and_when_it_is_not_tried(tmp_path, capsys):
         for batch, said in ((4, "-> A, B (the first that runs here"),
                             (0, "only the region's choice is tried, not its fallbacks (B)")):
             args = parser.parse_args(["explain", "gdn_decode", f"batch_size={batch}", "--arch", "sm90",
-                                      "--routers", str(tmp_path)])
+                                      "--routers", str(tmp_path), "--store", str(store_path)])
             args.func(args)
             assert said in capsys.readouterr().out, batch
     finally:
@@ -1079,7 +1080,8 @@ def test_dispatch_takes_the_router_of_the_gpu_model_where_there_is_one(monkeypat
 
 def test_explain_names_the_router_of_the_gpu_model(tmp_path, capsys, variants_a_b):
     """`kdispatch explain --model` answers with the model's own router where it has one."""
-    flows.compile_all(two_device_store(), tmp_path, "sm90", [DECODE], stream=io.StringIO())
+    store_path = tmp_path / "fake.sqlite"
+    flows.compile_all(two_device_store(into=Store(store_path)), tmp_path, "sm90", [DECODE], stream=io.StringIO())
     parser = __import__("argparse").ArgumentParser()
     tcli.add_commands(parser.add_subparsers(dest="command"))
     d = kdispatch.ops.DISPATCHERS["gdn_decode"]
@@ -1087,7 +1089,7 @@ def test_explain_names_the_router_of_the_gpu_model(tmp_path, capsys, variants_a_
         for model, said in (("fake_gpu_80gb", "fake_gpu_80gb/" + DECODE + ".py -> A"),
                             ("other_gpu", "sm90/" + DECODE + ".py -> flashinfer")):
             args = parser.parse_args(["explain", "gdn_decode", "batch_size=4", "--arch", "sm90", "--model", model,
-                                      "--routers", str(tmp_path)])
+                                      "--routers", str(tmp_path), "--store", str(store_path)])
             args.func(args)
             assert said in capsys.readouterr().out, model
     finally:

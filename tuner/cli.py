@@ -144,6 +144,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default=None, help=f"folder (default: ./{DEFAULT_REPORT_DIR}; the committed report is "
                                                "tuner/results/report, written only when named)")
     p.add_argument("--arch")
+    _defs_arg(p)
     p.add_argument("--workloads", nargs="+", metavar="DIR",
                    help=f"report the fit on the workloads of these trace sets only, as `route` (default: "
                         f"{' '.join(TUNE_SETS)} where no --store is named)")
@@ -438,7 +439,8 @@ def cmd_report(args) -> int:
     from .report import write_report
 
     uuids, hints = _fit_inputs(args)
-    path = write_report(_stores(args), args.out or DEFAULT_REPORT_DIR, args.arch, uuids=uuids, hints=hints)
+    path = write_report(_stores(args), args.out or DEFAULT_REPORT_DIR, args.arch, uuids=uuids, hints=hints,
+                        definitions=args.definitions)
     print(f"written {path}")
     return 0
 

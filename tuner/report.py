@@ -22,9 +22,10 @@ from .store import Store
 
 def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
                  params: fitting.FitParams | None = None, uuids: dict | None = None, hints: dict | None = None,
-                 stream=None) -> Path:
+                 stream=None, definitions=None) -> Path:
     """The report of the policies `kdispatch route` would write from `store` (the same workloads,
-    `uuids`, and call-time hint values, `hints`: tuner/flows.py `fit_policies`)."""
+    `uuids`, and call-time hint values, `hints`: tuner/flows.py `fit_policies`), of every definition
+    or those named in `definitions`."""
     from .flows import fit_policies
 
     out_dir = Path(out_dir)
@@ -39,8 +40,8 @@ def write_report(store: Store, out_dir: str | Path, arch: str | None = None,
     md = ["# kdispatch tuning report", ""]
     if plt is None:
         md += ["(matplotlib is not installed: no plots. `pip install matplotlib` and re-run `kdispatch report`.)", ""]
-    for a, d, policy in fit_policies(store, arch, uuids=uuids, stream=stream or io.StringIO(), params=params,
-                                     hints=hints):
+    for a, d, policy in fit_policies(store, arch, definitions, uuids=uuids, stream=stream or io.StringIO(),
+                                     params=params, hints=hints):
         table = policy.table
         md += _section(policy, table)
         png = out_dir / f"{a}-{defs.get(d).short}.png"
