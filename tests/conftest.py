@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(config, items):
 # launch constants, its other definitions only in the head count); tests/gpu/ runs them all.
 INTERPRETED_ONLY = {"triton_prefill_chunked": {"gdn_prefill_pool_qk2_v4": "v64"},  # contest convention: test_gdn_chunked.py
                     "triton_prefill_fused": {"gdn_prefill_pool_qk2_v4": "c16v64"},  # contest convention: test_gdn_chunked.py
+                    "triton_prefill_staged": {"gdn_prefill_pool_qk2_v4": "c16v64"},  # contest convention: test_gdn_chunked.py
                     "triton_decode_pool": {"gdn_decode_packed_qk2_v4": "v32w1"}}  # all: test_gdn_decode_pool_triton.py
 
 

@@ -2,10 +2,10 @@
 in both conventions. The two-kernel one (kernels/triton/gdn/prefill_chunked.py): the packed batch's
 64-token blocks hold pieces of several sequences (a sequence crossing two block boundaries, short
 ones sharing a block, an empty one, a padding slot, fresh and continued states). The fused one
-(kernels/triton/gdn/prefill_fused.py): sequences of several chunks with a partial last one, an empty
-one, a padding slot, fresh and continued states, a chunk length whose inverse takes more than one
-doubling, and a malformed batch. The conformance and hostile input suites run every configuration
-on their own shapes; these check the chunk bookkeeping."""
+(kernels/triton/gdn/prefill_fused.py) and the staged one (prefill_staged.py): sequences of several
+chunks with a partial last one, an empty one, a padding slot, fresh and continued states, a chunk
+length whose inverse takes more than one doubling (fused), and a malformed batch. The conformance and
+hostile input suites run every configuration on their own shapes; these check the chunk bookkeeping."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,10 @@ from kdispatch.references import gdn_prefill_pool as ref_pool  # noqa: E402
 
 C = kernel_module("kdispatch.kernels.triton.gdn.prefill_chunked")
 F_ = kernel_module("kdispatch.kernels.triton.gdn.prefill_fused")
+S_ = kernel_module("kdispatch.kernels.triton.gdn.prefill_staged")
+# the fused kernel and the staged one (same algebra, same entry points but for their names)
+WALKS = {"fused": (F_.gdn_prefill_pool_fused, F_.gdn_prefill_fused),
+         "staged": (S_.gdn_prefill_pool_staged, S_.gdn_prefill_staged)}
 
 
 def _close(out, new_state, want_out, want_state):
@@ -79,17 +83,20 @@ def test_contest_convention_without_state():
     _check_contest_without_state(lambda *a: C.gdn_prefill_chunked(*a, cfg=(16, 4)), [70, 5])
 
 
-@pytest.mark.parametrize("cfg", [(16, 64, 4), (32, 128, 4)])
-def test_fused_pool_chunks_and_padding(cfg):
-    # sequence 1: several chunks and a partial one
-    _check_pool(lambda *a: F_.gdn_prefill_pool_fused(*a, None, cfg=cfg)[0], [3, 70, 0, 9, 1, 33])
+@pytest.mark.parametrize("walk,cfg", [("fused", (16, 64, 4)), ("fused", (32, 128, 4)), ("staged", (16, 32, 4))])
+def test_fused_pool_chunks_and_padding(walk, cfg):
+    # sequence 1: several chunks and a partial one; the staged kernel's 16-token blocks hold pieces of
+    # several sequences (3 + 9 + 1 tokens around sequence 1's last piece)
+    _check_pool(lambda *a: WALKS[walk][0](*a, None, cfg=cfg)[0], [3, 70, 0, 9, 1, 33])
 
 
-def test_fused_contest_convention_without_state():
-    _check_contest_without_state(lambda *a: F_.gdn_prefill_fused(*a, cfg=(16, 128, 4)), [40, 5])
+@pytest.mark.parametrize("walk", WALKS)
+def test_fused_contest_convention_without_state(walk):
+    _check_contest_without_state(lambda *a: WALKS[walk][1](*a, cfg=(16, 128, 4)), [40, 5])
 
 
-def test_fused_malformed_batch_writes_zeros_and_no_state():
+@pytest.mark.parametrize("walk", WALKS)
+def test_fused_malformed_batch_writes_zeros_and_no_state(walk):
     g = torch.Generator().manual_seed(9)
     T, hv = 20, 4
     cu = torch.tensor([0, 12, 8, T], dtype=torch.int32)  # decreasing: malformed
@@ -100,6 +107,6 @@ def test_fused_malformed_batch_writes_zeros_and_no_state():
                                 torch.tensor([0, 1, 2], dtype=torch.int32), torch.ones(3, dtype=torch.bool), cu)]
     out = torch.full((T, hv, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
     mine = args[5].clone()
-    got, _ = F_.gdn_prefill_pool_fused(*args[:5], mine, *args[6:], out, None, cfg=(16, 128, 4))
+    got, _ = WALKS[walk][0](*args[:5], mine, *args[6:], out, None, cfg=(16, 128, 4))
     assert (got == 0).all()
     assert torch.equal(mine, args[5])

@@ -13,8 +13,8 @@ from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 HEADS = list(GATHERED_HEADS.values())
-VARIANTS = ["vllm_flashinfer_prefill", "triton_prefill_fused.c16v64", "triton_prefill_chunked.v64",
-            "cuda_prefill_pool_rows.k2c8", "flashinfer_direct"]
+VARIANTS = ["vllm_flashinfer_prefill", "triton_prefill_fused.c16v64", "triton_prefill_staged.c16v64",
+            "triton_prefill_chunked.v64", "cuda_prefill_pool_rows.k2c8", "flashinfer_direct"]
 OUT, STATES, CU = 7, 5, 6
 
 
