@@ -6,8 +6,10 @@ module and the CUDA variants touches no CUDA package.
 Skipped where cuda-python (cuda.core, cuda.bindings) or the NVRTC library is not installed.
 A source may opt out of the spill check with the comment `// kdispatch: allow-spills`.
 """
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,10 @@ def test_gdn_kernels_are_the_expected_ones(cache):
     from kdispatch.kernels.cuda.gdn import pool_states as PS
     from kdispatch.kernels.cuda.gdn import prefill_thread_rows as P
 
+    # the ten programs below compiled into the disk cache at once first (NVRTC releases the GIL)
+    programs = [(cu, opts) for cu in (D.CU, P.CU) for opts in ((), *((f"-DPOOL_HV={h}",) for h in (4, 8, 16, 32)))]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as workers:
+        list(workers.map(lambda prog: nvrtc.compile(prog[0].read_text(), arch=ARCH, options=prog[1]), programs))
     dcubin = nvrtc.compile_cubin(D.CU.read_text(), arch=ARCH)
     for b in (1, 2, 3, 4, 8, 16, 33, 64, 256, 1024):
         rows, cs = D.config(b)

@@ -198,21 +198,6 @@ def test_cli_version():
     assert r.returncode == 0 and r.stdout.strip() == f"kdispatch {kdispatch.__version__}"
 
 
-def test_report_without_matplotlib_keeps_existing_plots(tmp_path, monkeypatch):
-    from kdispatch.tuner import flows
-    from kdispatch.tuner.report import write_report
-
-    store = flows.open_stores(None)
-    arch = "sm90"
-    png = tmp_path / f"{arch}-gdn_decode.png"
-    png.write_bytes(b"an earlier plot")
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    text = write_report(store, tmp_path, arch, definitions=["gdn_decode"]).read_text()
-    assert "matplotlib is not installed" in text and f"]({png.name})" in text
-    assert "gdn_prefill" not in text  # the definitions named only
-    assert png.read_bytes() == b"an earlier plot"
-
-
 def test_finite_scalars_only():
     args = _args("gdn_decode", {"batch_size": 2})
     with pytest.raises(ValueError, match="scale"):

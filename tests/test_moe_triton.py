@@ -122,7 +122,9 @@ def test_fused_routing_matches_the_reference_and_the_torch_layout(T, offset, mon
     experts, weights = M.ref._route(logits, bias, 2.5)
     local = experts - offset
     local = torch.where((local >= 0) & (local < LOCAL), local, LOCAL)
-    for block_m in (1, 16, 64):  # 1: the DeepGEMM masked variant's layout, a row per pair
+    # 1: the DeepGEMM masked variant's layout, a row per pair; 300 tokens (~17 s an interpreted call)
+    # skip the 16-row blocks the smaller counts cover
+    for block_m in (1, 64) if T > 256 else (1, 16, 64):
         want_pairs, want_blocks = torch_layout(local, LOCAL, block_m)
         pair_weights, row_pair, block_expert = M._fused_route_layout(logits, bias, offset, 2.5, LOCAL, block_m)
         torch.testing.assert_close(pair_weights, weights.reshape(-1), rtol=1e-6, atol=1e-7)

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -1108,6 +1109,20 @@ def test_the_report_describes_the_routers_route_writes(tmp_path, variants_a_b):
     assert f"| 1 | `batch_size <= 11` | `{pol.regions[0].variant}` |" in joint
     assert f"| 1 | `batch_size <= 11` | `{pol.devices['Fake GPU 80GB'].regions[0].variant}` |" in own
     assert pol.regions[0].variant == "flashinfer" and pol.devices["Fake GPU 80GB"].regions[0].variant == "A"
+
+
+def test_report_without_matplotlib_keeps_existing_plots(tmp_path, monkeypatch, variants_a_b):
+    from kdispatch.tuner.report import write_report
+
+    store = build_store(DECODE, decode_workloads(), decode_latency)
+    build_store(PREFILL, [("p1", {"total_seq_len": 8, "num_seqs": 1})], lambda name, axes: 10.0, into=store)
+    png = tmp_path / "sm90-gdn_decode.png"
+    png.write_bytes(b"an earlier plot")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    text = write_report(store, tmp_path, "sm90", definitions=["gdn_decode"]).read_text()
+    assert "matplotlib is not installed" in text and f"]({png.name})" in text
+    assert "gdn_prefill" not in text  # the definitions named only
+    assert png.read_bytes() == b"an earlier plot"
 
 
 def test_a_device_measured_over_part_of_the_range_keeps_the_architectures_router(tmp_path, variants_a_b):
