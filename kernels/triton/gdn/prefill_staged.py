@@ -1,8 +1,9 @@
 """GDN prefill, chunked in two stages: the state-independent algebra of every 16-token chunk at once,
 then each sequence's walk through its chunks with the state in registers.
 
-Definitions: gdn_prefill_pool_* (the engines' convention), gdn_prefill_gathered_* (through
-prefill_gathered.py) and gdn_prefill_qk4_v8_d128_k_last (the contest's). The algebra is
+Definitions: gdn_prefill_pool_* (the engines' convention), gdn_prefill_gathered_* (vLLM's gathered
+states as a pool of identity slots, as prefill_gathered.py serves the other kernels) and
+gdn_prefill_qk4_v8_d128_k_last (the contest's). The algebra is
 prefill_fused.py's (its docstring has the formulas); what differs is where it runs. The fused
 kernel computes T, P and the decays inside the walk, one chunk after another, and again in each of a
 head's 128 / BV programs; removing each from the fused kernel (a scratch run, H200, 2026-11-30) put
@@ -19,7 +20,8 @@ normalised), P = scale (Q K^T * exp(G_i - G_j))_{j <= i} with the norms folded i
 without reading cu_seqlens on the host; a block holding pieces of several sequences masks every
 matrix to pairs of tokens of the same sequence, and G restarts where a sequence starts. The stages
 pass per chunk and value head T diag(beta) and P (bf16, 2 x 16 x 16) and four per-token factors
-(fp32): ~200 bytes a token and value head, against the ~770 of q/k/v and the output.
+(fp32): 80 bytes a token and value head, written once and read by each of the head's 128 / BV walk
+programs, against the ~770 of q/k/v and the output.
 
 Device-side checks as prefill_fused.py (no host sync, CUDA-graph safe): a malformed batch writes a
 zero output and no state; a sequence whose slot is outside the pool writes zeros and touches no
