@@ -1,5 +1,6 @@
-"""The fused chunked GDN prefill (kernels/triton/gdn/prefill_fused.py) and the staged one
-(prefill_staged.py) at every launch configuration of GRID, beside the two-kernel chunked prefill, the
+"""The fused chunked GDN prefill (kernels/triton/gdn/prefill_fused.py), the staged one
+(prefill_staged.py) and the staged one with the CUDA walk (kernels/cuda/gdn/prefill_walk.py, "mma")
+at every launch configuration of GRID, beside the two-kernel chunked prefill, the
 token-by-token CUDA recurrence and, where FlashInfer and SGLang import, the definition's baseline
 (SGLang's FlashInfer path with its gather and scatter), over head counts and pool-convention shapes
 (SEQSxTOKENS, lengths as the tuner materialises them). Every configuration of both is first checked
@@ -20,15 +21,30 @@ import torch
 
 from kdispatch import registry
 from kdispatch.definitions.gdn.names import pool_prefill_name
+from kdispatch.kernels.cuda.gdn import prefill_walk as W
 from kdispatch.kernels.triton.gdn import prefill_fused as F
 from kdispatch.kernels.triton.gdn import prefill_staged as S
 from kdispatch.workloads import materialize
 
 SHAPES = ("4x719", "1x128", "4x512", "16x1024", "64x4096", "256x32768", "64x512", "16x2048", "1x2048", "1x8192")
-# (kernel, C, BV, warps): the variants' configurations (LAUNCH_CONFIGS) and alternatives beside them
-GRID = (("fused", 16, 32, 4), ("fused", 16, 64, 4), ("fused", 16, 128, 8), ("fused", 32, 64, 4),
-        ("staged", 16, 32, 4), ("staged", 16, 64, 4), ("staged", 16, 128, 8))
-CALLS = {"fused": (F.gdn_prefill_pool_fused, F.config), "staged": (S.gdn_prefill_pool_staged, S.config)}
+# (kernel, C, BV, warps): the variants' registered configurations (LAUNCH_CONFIGS; 128 rows at 8 warps
+# and 32-token chunks never won, gdn-fused-grid-H200.txt of 2026-11-30 in git history); for "mma" (the
+# staged kernel with the CUDA walk, kernels/cuda/gdn/prefill_walk.py) (kernel, pipeline stages, rows a
+# block, warps)
+GRID = (("fused", 16, 32, 4), ("fused", 16, 64, 4), ("staged", 16, 32, 4), ("staged", 16, 64, 4)) + tuple(
+        ("mma", n, 16 * w, w) for w, n in W.KERNELS)
+
+
+def _mma(*args, cfg):
+    return W.gdn_prefill_pool_walk(*args, cfg=(cfg[2], cfg[0]))
+
+
+def _label(kn, c, bv, w) -> str:
+    return f"mma.r{bv}s{c}" if kn == "mma" else f"{kn[:6]}.c{c}v{bv}w{w}"
+
+
+CALLS = {"fused": (F.gdn_prefill_pool_fused, F.config), "staged": (S.gdn_prefill_pool_staged, S.config),
+         "mma": (_mma, lambda n, hv: (W.config(n, hv)[1], 16 * W.config(n, hv)[0], W.config(n, hv)[0]))}
 PEERS = ("triton_prefill_chunked.v64", "cuda_prefill_pool_rows.k2c8")
 
 
@@ -73,7 +89,7 @@ def main() -> None:
         peers = {p: registry.get(name, p) for p in PEERS}
         if base.name != registry.REFERENCE and base.why_not("sm90") is None:
             peers[base.name] = base
-        print(f"\n{name}\nshape     | " + " ".join(f"{kn[:6]}.c{c}v{bv}w{w}" for kn, c, bv, w in GRID) + " | "
+        print(f"\n{name}\nshape     | " + " ".join(_label(*cell) for cell in GRID) + " | "
               + " ".join(peers), flush=True)
         for i, shape in enumerate(opts.shapes):
             n, t = (int(x) for x in shape.split("x"))

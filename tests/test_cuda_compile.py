@@ -120,6 +120,26 @@ def test_gdn_kernels_are_the_expected_ones(cache):
 
 
 @needs_nvrtc
+def test_gdn_prefill_walk_kernels_are_the_expected_ones(cache):
+    """Every registered configuration of the staged prefill's CUDA walk is in the cubin in both
+    conventions, its stages fit in an SM's shared memory, and config() picks registered ones."""
+    from kdispatch.kernels.cuda.gdn import prefill_walk as W
+
+    c = nvrtc.compile(W.CU.read_text(), arch=ARCH)
+    for label, kw in W.LAUNCH_CONFIGS.items():
+        warps, stages = kw["cfg"]
+        assert label == f"r{16 * warps}s{stages}"
+        assert stages * W.stage_bytes(warps) <= 227 * 1024
+        for kind in ("pool", "contest"):
+            assert f"gdn_prefill_walk_w{warps}_s{stages}_{kind}".encode() + b"\x00" in c.cubin, label
+    for n in (1, 2, 8, 64, 256):
+        for hv in (4, 8, 16, 32):
+            assert W.config(n, hv) in W.KERNELS
+    with pytest.raises(ValueError, match="no walk kernel"):
+        W.kernel(8, 4, True)
+
+
+@needs_nvrtc
 def test_dsa_sparse_attention_kernels_are_the_expected_ones(cache):
     """Every (splits, stages) the wrapper may launch is in the cubin, fits in shared memory and
     does not spill; config() only picks compiled ones."""

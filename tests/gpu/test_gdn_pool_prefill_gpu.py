@@ -1,8 +1,9 @@
-"""The engines' pool prefill on the GPU (gdn_prefill_pool_*): the CUDA recurrence, the staged Triton
-kernel and SGLang's default Hopper path (FlashInfer with its gather/scatter; where staged: benchmarks/stage_engines.sh) against the
-reference on engine layouts (q/k/v split out of one projection row, a pool whose slot pitch exceeds a
-slot), on padding and hostile slot indices (nothing outside the pool read or written), a malformed
-cu_seqlens (zero output, pool unchanged), and inside a CUDA graph. Skipped without CUDA."""
+"""The engines' pool prefill on the GPU (gdn_prefill_pool_*): the CUDA recurrence, the staged kernels
+(Triton, and with the CUDA walk) and SGLang's default Hopper path (FlashInfer with its gather/scatter;
+where staged: benchmarks/stage_engines.sh) against the reference on engine layouts (q/k/v split out of
+one projection row, a pool whose slot pitch exceeds a slot), on padding and hostile slot indices
+(nothing outside the pool read or written), a malformed cu_seqlens (zero output, pool unchanged), and
+inside a CUDA graph. Skipped without CUDA."""
 import pytest
 import torch
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 HEADS = [(hq, hv) for hq, hv in PACKED_HEADS.values()]
 VARIANTS = ["cuda_prefill_pool_rows.k1c8", "cuda_prefill_pool_rows.k2c16", "cuda_prefill_pool_rows.k8c8",
             "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace",
-            "flashinfer_direct", "triton_prefill_staged.c16v32", "triton_prefill_staged.c16v64"]
+            "flashinfer_direct", "triton_prefill_staged.c16v32", "triton_prefill_staged.c16v64",
+            "cuda_prefill_staged.r32s4", "cuda_prefill_staged.r64s4", "cuda_prefill_staged.r64s2"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 Q, K, V, G, BETA, POOL, IDX, INIT, CU, OUT = range(10)
 

@@ -28,12 +28,9 @@ zero output and no state; a sequence whose slot is outside the pool writes zeros
 state (the first stage's values for such batches are never read). DOT_FP32: under the interpreter the
 bf16 operands and the stages' matrices stay fp32 (prefill_chunked.py).
 
-Where it stands (H200, benchmarks/results/gdn-fused-grid-H200.txt, graph replays over 8 input sets,
-2026-11-30): 32 value heads, best configuration of each kernel, fused -> staged (the definition's
-baseline, SGLang's FlashInfer path): 4 x 512 tokens 52.8 -> 42.5 us (47.4), 16 x 1,024 78.2 -> 65.2
-(99.1), 64 x 4,096 262.0 -> 223.0 (318.8), one sequence of 2,048 300.8 -> 138.0 (130.9), 256 x 32,768
-1,647 -> 1,396 (1,428); slower than the fused kernel only where sequences average a few tokens
-(64 x 512 at 4 value heads: 21.9 against 28.5), where its first launch is most of the call.
+Where it stands: benchmarks/results/gdn-fused-grid-H200.txt (graph replays over 8 input sets) times it
+beside the fused kernel, the baseline and kernels/cuda/gdn/prefill_walk.py, which runs this first
+launch with a CUDA walk (1.03-1.36x this walk there).
 """
 from __future__ import annotations
 
@@ -44,13 +41,13 @@ import triton.language as tl
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, all_true, gathered_prefill_name, identity_slots
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 from kdispatch.kernels.triton.gdn.decode_splitv import _resolve_scale
-from kdispatch.kernels.triton.gdn.prefill_chunked import (CU_BLOCK, DIM, TRI_PRECISION, _batch_ok, _low, _rnorm,
+from kdispatch.kernels.triton.gdn.prefill_chunked import (CU_BLOCK, DIM, TRI_PRECISION, _batch_ok, _low,
                                                            _segments)
 from kdispatch.kernels.triton.gdn.prefill_fused import _gate_values, _unit_lower_inverse
 from kdispatch.kernels.triton.launch import launch
 from kdispatch.registry import variant
 
-CHUNK = 16  # tokens a chunk: the fused kernel's measured best; the stages' buffers are sized by it
+CHUNK = 16  # tokens a chunk: 32 and 64 made the walk 1.2-3x slower (a scratch run, H200, 2026-11-30)
 # of _chunk_algebra_kernel: alone 44 us at 1 warp, 64 at 2, 88 at 4 (32 heads, 64 x 4,096 tokens, H200,
 # a scratch run)
 ALGEBRA_WARPS = 1
@@ -79,11 +76,21 @@ def _chunk_algebra_kernel(
     lower = same & (c[None, :] < c[:, None])
     K = tl.load(k_ptr + r64[:, None] * s_kt + i_hk * s_kh + kk[None, :], mask=valid[:, None], other=0.0)
     Q = tl.load(q_ptr + r64[:, None] * s_qt + i_hk * s_qh + kk[None, :], mask=valid[:, None], other=0.0)
-    rk = _rnorm(K, NORM)
-    rq = _rnorm(Q, NORM)
     Kl = _low(K, DOT_FP32)
-    kkt = tl.dot(Kl, tl.trans(Kl)) * rk[:, None] * rk[None, :]
-    qkt = tl.dot(_low(Q, DOT_FP32), tl.trans(Kl)) * (scale * rq)[:, None] * rk[None, :]
+    Ql = _low(Q, DOT_FP32)
+    kk0 = tl.dot(Kl, tl.trans(Kl))
+    if NORM:
+        # the inverse norms from the Gram matrices' diagonals: the row reductions over 128 columns they
+        # replace kept K and Q live in fp32 (first launch 43.8 -> 30.8 us, 235 -> 168 registers, 32 heads,
+        # 64 x 4,096 tokens, H200, a scratch run)
+        eye = c[:, None] == c[None, :]
+        rk = 1.0 / tl.sqrt(tl.sum(tl.where(eye, kk0, 0.0), axis=1) + 1e-6)
+        rq = 1.0 / tl.sqrt(tl.sum(tl.where(eye, tl.dot(Ql, tl.trans(Ql)), 0.0), axis=1) + 1e-6)
+    else:
+        rk = tl.full([C], 1.0, tl.float32)
+        rq = tl.full([C], 1.0, tl.float32)
+    kkt = kk0 * rk[:, None] * rk[None, :]
+    qkt = tl.dot(Ql, tl.trans(Kl)) * (scale * rq)[:, None] * rk[None, :]
     cc = c[:, None] * C + c[None, :]
     for j in tl.static_range(HV // HQK):
         i_h = i_hk * (HV // HQK) + j
@@ -216,6 +223,27 @@ def config(num_seqs: int, num_v_heads: int) -> tuple[int, int, int]:
     return (16, 32, 4) if num_seqs * num_v_heads <= 64 else (16, 64, 4)
 
 
+def chunk_algebra(q, k, gates, cu_seqlens, HV: int, scale: float, *, raw_gates: bool, norm: bool):
+    """The first launch: (matrices, factors) of every 16-token block and value head, the buffers a walk
+    reads (bf16 matrices; fp32 under the interpreter). `gates` = (g, beta, A_log, dt_bias) as `_staged`."""
+    T, HQK, _ = q.shape
+    N = cu_seqlens.shape[0] - 1
+    g, beta, A_log, dt_bias = gates
+    g = g if g.stride(-1) == 1 else g.contiguous()
+    beta = beta if beta.stride(-1) == 1 else beta.contiguous()
+    interpreted = q.device.type != "cuda"
+    blocks = triton.cdiv(T, CHUNK)
+    mats = torch.empty(max(blocks, 1) * HV * 2 * CHUNK * CHUNK, device=q.device,
+                       dtype=torch.float32 if interpreted else torch.bfloat16)
+    factors = torch.empty(max(blocks, 1) * HV * FACTORS * CHUNK, dtype=torch.float32, device=q.device)
+    if blocks:
+        launch(_chunk_algebra_kernel, (blocks, HQK), q, k, g, beta, A_log if raw_gates else g,
+               dt_bias if raw_gates else g, cu_seqlens, mats, factors, scale, T, N, q.stride(0), q.stride(1),
+               k.stride(0), k.stride(1), g.stride(0), beta.stride(0), HV, HQK, CHUNK, CHUNK.bit_length() - 1, norm,
+               raw_gates, CU_BLOCK, interpreted, TRI_PRECISION, num_warps=ALGEBRA_WARPS, num_stages=2)
+    return mats, factors
+
+
 def _staged(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, norm, has_state, cfg):
     """Two launches; arguments as prefill_fused._fused."""
     T, HQK, _ = q.shape
@@ -223,28 +251,16 @@ def _staged(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_g
     N = cu_seqlens.shape[0] - 1
     if N <= 0:
         return
-    g, beta, A_log, dt_bias = gates
-    g = g if g.stride(-1) == 1 else g.contiguous()
-    beta = beta if beta.stride(-1) == 1 else beta.contiguous()
     chunk, bv, warps = cfg or config(N, HV)
     if chunk != CHUNK:
         raise ValueError(f"triton_prefill_staged: chunk length {chunk} is not {CHUNK}")
-    interpreted = q.device.type != "cuda"
-    blocks = triton.cdiv(T, chunk)
-    mats = torch.empty(max(blocks, 1) * HV * 2 * chunk * chunk, device=q.device,
-                       dtype=torch.float32 if interpreted else torch.bfloat16)
-    factors = torch.empty(max(blocks, 1) * HV * FACTORS * chunk, dtype=torch.float32, device=q.device)
-    if blocks:
-        launch(_chunk_algebra_kernel, (blocks, HQK), q, k, g, beta, A_log if raw_gates else g,
-               dt_bias if raw_gates else g, cu_seqlens, mats, factors, scale, T, N, q.stride(0), q.stride(1),
-               k.stride(0), k.stride(1), g.stride(0), beta.stride(0), HV, HQK, chunk, chunk.bit_length() - 1, norm,
-               raw_gates, CU_BLOCK, interpreted, TRI_PRECISION, num_warps=ALGEBRA_WARPS, num_stages=2)
+    mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=raw_gates, norm=norm)
     pooled = slots is not None
     ss = state.stride()
     launch(_walk_kernel, (N * HV * (DIM // bv),), q, k, v, mats, factors, state,
            slots if pooled else cu_seqlens, init if pooled else cu_seqlens, cu_seqlens, out,
            T, N, state.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-           ss[0], ss[1], ss[2], HV, HQK, bv, chunk, pooled, has_state, CU_BLOCK, interpreted,
+           ss[0], ss[1], ss[2], HV, HQK, bv, chunk, pooled, has_state, CU_BLOCK, q.device.type != "cuda",
            num_warps=warps, num_stages=2)
 
 

@@ -1,0 +1,320 @@
+// Gated DeltaNet prefill, the walk of the staged kernel (kernels/triton/gdn/prefill_staged.py) on
+// mma.sync: each sequence's 16-token blocks in order, the state in registers, reading the first
+// launch's per-block matrices (T diag(beta), P: bf16 [16, 16] each) and per-token factors (Gamma rk,
+// scale Gamma rq, exp(G_end - G) rk, exp(G_end): fp32 [4, 16]) of every (block, value head).
+//
+// The state's V rows evolve independently, so a warp owns 16 of them, S [16 rows, 128 keys] fp32 in
+// mma accumulator fragments, and everything is computed transposed, rows of V as M:
+//   X^T = V^T - (S K^T) diag(ak)        M 16, N 16 tokens, K 128 keys  (S as the A operand)
+//   R^T = X^T (T diag(beta))^T          M 16, N 16, K 16               (X^T as the A operand)
+//   O^T = (S Q^T) diag(aq) + R^T P^T    M 16, N 16, K 128 and 16
+//   S   = exp(G_end) S + (R^T diag(ek)) K                              (R^T as the A operand)
+// An accumulator fragment of m16n8k16 is, packed to bf16 pairs, the A fragment of the next product
+// (rows lane / 4 and + 8, columns 2 (lane % 4) and + 1): the state and every intermediate stay in
+// registers with no layout exchange, and warps share only the block's inputs in shared memory
+// (K, Q, V rows, the two matrices, the factors), loaded by cp.async NST - 1 blocks ahead.
+//
+// A block of ROWS = 16 W rows (W warps) of one (sequence, value head); grid = N * HV * (128 / ROWS).
+// Rows of the packed batch outside the sequence's piece of a block are zero-filled (K, Q, V, the
+// matrices' rows) and their factors zeroed, so other sequences' values never enter.
+// Device-side checks as prefill_staged.py's walk: a malformed cu_seqlens (not 0 = cu[0] <= ... <=
+// cu[N] = T) zeroes the rows [n T / N, (n + 1) T / N) of this program's head and rows and touches no
+// state; a slot outside [0, num_slots) zeroes the sequence's rows and touches no state; a sequence
+// with no tokens writes its state back unchanged (zeros when it starts fresh).
+// Header-free (NVRTC): bf16 as raw 16-bit patterns.
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+
+#define KROW 136  // bf16 a K / Q row in shared memory: 128 + 8, rows 4 banks apart (ldmatrix conflict-free)
+#define MROW 24   // bf16 a matrix row: 16 + 8, rows 12 banks apart
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool keep) {  // zero-fill unless keep
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(keep ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {  // lo -> low half (lower address)
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float bf16_to_f(bf16_t x) { return __uint_as_float(((u32)x) << 16); }
+
+__device__ __forceinline__ bf16_t f_to_bf16(float f) {
+    bf16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// Two accumulator tiles (16 x 8 each, columns 0-7 and 8-15) as one m16n8k16 A fragment, column c
+// scaled by s[c] for this lane's four columns (2 (lane % 4) + {0, 1, 8, 9}).
+__device__ __forceinline__ void as_a(u32* a, const float (*x)[4], const float* s) {
+    a[0] = pack_bf16(x[0][0] * s[0], x[0][1] * s[1]);
+    a[1] = pack_bf16(x[0][2] * s[0], x[0][3] * s[1]);
+    a[2] = pack_bf16(x[1][0] * s[2], x[1][1] * s[3]);
+    a[3] = pack_bf16(x[1][2] * s[2], x[1][3] * s[3]);
+}
+
+template <int ROWS>
+struct Stage {  // one block's inputs
+    bf16_t k[16][KROW];
+    bf16_t q[16][KROW];
+    bf16_t v[16][ROWS + 8];
+    bf16_t tb[16][MROW];
+    bf16_t p[16][MROW];
+    float fac[4][16];
+};
+
+struct Args {
+    const bf16_t* q; const bf16_t* k; const bf16_t* v; const bf16_t* mats; const float* fac;
+    float* state; const int* slots; const unsigned char* init; const void* cu; bf16_t* out;
+    long long T; int N, num_slots, hv, hqk, has_state;
+    long long q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row;
+};
+
+template <int W, int NST, typename CU, bool SLOTS>
+__device__ __forceinline__ void walk(const Args& A) {
+    constexpr int ROWS = 16 * W;
+    constexpr int NVB = 128 / ROWS;
+    constexpr int THREADS = 32 * W;
+    extern __shared__ __align__(128) unsigned char smem[];
+    Stage<ROWS>* st = reinterpret_cast<Stage<ROWS>*>(smem);  // NST stages: blocks b .. b + NST - 1 in flight
+
+    const CU* cu = static_cast<const CU*>(A.cu);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int i_vb = blockIdx.x % NVB;
+    const int i_h = (blockIdx.x / NVB) % A.hv;
+    const long long i_n = blockIdx.x / NVB / A.hv;
+    const int i_hk = i_h / (A.hv / A.hqk);
+    const int v0 = i_vb * ROWS;
+    const long long out_t = (long long)A.hv * 128;  // output token stride
+    bf16_t* out = A.out + i_h * 128 + v0;
+
+    int bad = 0;
+    for (long long i = tid; i <= A.N; i += THREADS) {
+        const long long c = cu[i];
+        bad |= (i == 0 && c != 0) | (i >= 1 && c < (long long)cu[i - 1]) | (i == A.N && c != A.T);
+    }
+    const bool ok = !__syncthreads_or(bad);
+    long long slot = i_n;
+    bool live = true;
+    if (SLOTS) {
+        slot = A.slots[i_n];
+        live = slot >= 0 && slot < A.num_slots;
+    }
+    const long long bos = cu[i_n], eos = cu[i_n + 1];
+    if (!(ok && live)) {  // zero output rows, no state
+        const long long lo = ok ? bos : i_n * A.T / A.N, hi = ok ? eos : (i_n + 1) * A.T / A.N;
+        for (long long e = lo * (ROWS / 8) + tid; e < hi * (ROWS / 8); e += THREADS) {  // 16 bytes at a time
+            bf16_t* row = out + (e / (ROWS / 8)) * out_t;
+            *reinterpret_cast<uint4*>(row + (e % (ROWS / 8)) * 8) = make_uint4(0, 0, 0, 0);
+        }
+        return;
+    }
+
+    const int vr = lane >> 2, t0 = (lane & 3) * 2;  // fragment row (V row) and first column (token / key)
+    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head
+                  + (long long)(v0 + warp * 16 + vr) * A.s_row;
+    float S[16][4];  // S[v, 8 j + t0 + {0, 1}] rows vr and vr + 8
+    const bool read = SLOTS ? A.init[i_n] != 0 : A.has_state != 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        float2 lo = make_float2(0.f, 0.f), hi = lo;
+        if (read) {
+            lo = *reinterpret_cast<const float2*>(srow + 8 * j + t0);
+            hi = *reinterpret_cast<const float2*>(srow + 8 * A.s_row + 8 * j + t0);
+        }
+        S[j][0] = lo.x; S[j][1] = lo.y; S[j][2] = hi.x; S[j][3] = hi.y;
+    }
+
+    // Rows are addressed relative to bos in 32 bits: a block's row r is in the piece when
+    // (unsigned)(rel + r) < len, rel = 16 b - bos. Each thread copies the same chunks of every block:
+    // K / Q rows kr + i THREADS / 16 at column kc, V row vrow at column vc, matrix rows and factors.
+    const long long b0 = bos / 16, b1 = eos > bos ? (eos + 15) / 16 : b0;
+    const int len = (int)(eos - bos);
+    constexpr int KQ = 256 / THREADS;  // K / Q chunks a thread
+    const int kr = tid >> 4, kc = (tid & 15) * 8;
+    const int vrow = tid / (2 * W), vc = (tid % (2 * W)) * 8;  // V: 16 rows x ROWS / 8 chunks = one a thread
+    const bf16_t* kbase = A.k + bos * A.k_t + (long long)i_hk * A.k_h + kc;
+    const bf16_t* qbase = A.q + bos * A.q_t + (long long)i_hk * A.q_h + kc;
+    const bf16_t* vbase = A.v + bos * A.v_t + (long long)i_h * A.v_h + v0 + vc;
+    const long long kstep = (THREADS / 16) * A.k_t, qstep = (THREADS / 16) * A.q_t;
+    auto load = [&](Stage<ROWS>& s, long long b) {
+        const int rel = (int)(b * 16 - bos);
+        const bf16_t* kp = kbase + (long long)(rel + kr) * A.k_t;
+        const bf16_t* qp = qbase + (long long)(rel + kr) * A.q_t;
+#pragma unroll
+        for (int i = 0; i < KQ; ++i) {
+            const int r = kr + i * (THREADS / 16);
+            const bool in = (unsigned)(rel + r) < (unsigned)len;
+            cp_async16(&s.k[r][kc], in ? kp : kbase, in);  // a row outside: zero-filled from a valid address
+            cp_async16(&s.q[r][kc], in ? qp : qbase, in);
+            kp += kstep;
+            qp += qstep;
+        }
+        const bool vin = (unsigned)(rel + vrow) < (unsigned)len;
+        cp_async16(&s.v[vrow][vc], vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
+        const bf16_t* m = A.mats + (b * A.hv + i_h) * 512;
+#pragma unroll
+        for (int e = tid; e < 64; e += THREADS) {  // TB and P rows: 2 chunks each
+            const int which = e >> 5, r = (e >> 1) & 15, c = (e & 1) * 8;
+            const bool in = (unsigned)(rel + r) < (unsigned)len;
+            cp_async16(which ? &s.p[r][c] : &s.tb[r][c], m + which * 256 + r * 16 + c, in);
+        }
+        if (tid < 16) cp_async16(&s.fac[0][0] + tid * 4, A.fac + (b * A.hv + i_h) * 64 + tid * 4, true);
+    };
+
+#pragma unroll
+    for (int i = 0; i < NST - 1; ++i) {  // one commit group a block, empty past the sequence's last
+        if (b0 + i < b1) load(st[i], b0 + i);
+        cp_async_commit();
+    }
+    const int mrow = ((lane >> 4) << 3) + (lane & 7), mcol = ((lane >> 3) & 1) << 3;  // ldmatrix x4 lane rows
+    const int krow = (((lane >> 3) & 1) << 3) + (lane & 7), kcol = (lane >> 4) << 3;   // and transposed
+    const int vw = warp * 16 + vr;  // this lane's first V row within the block
+    for (long long b = b0; b < b1; ++b) {
+        Stage<ROWS>& s = st[(b - b0) % NST];
+        if (b + NST - 1 < b1) load(st[(b - b0 + NST - 1) % NST], b + NST - 1);
+        cp_async_commit();
+        cp_async_wait<NST - 1>();  // block b's group complete
+        __syncthreads();
+
+        // this lane's four token columns (2 (lane % 4) + {0, 1, 8, 9}) and their factors, zero outside the piece
+        const int rel = (int)(b * 16 - bos);
+        bool in[4];
+        float ak[4], aq[4], ek[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const int t = t0 + (c & 1) + (c >> 1) * 8;
+            in[c] = (unsigned)(rel + t) < (unsigned)len;
+            ak[c] = in[c] ? s.fac[0][t] : 0.f;
+            aq[c] = in[c] ? s.fac[1][t] : 0.f;
+            ek[c] = in[c] ? s.fac[2][t] : 0.f;
+        }
+        const float eg = s.fac[3][rel < 0 ? -rel : 0];
+
+        // S K^T and S Q^T: the k-steps of 16 keys, K / Q rows as the B operand (ldmatrix, non-transposed)
+        float xk[2][2][4] = {}, xq[2][2][4] = {};  // even and odd k-steps: two dependency chains each
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const u32 a[4] = {pack_bf16(S[2 * kk][0], S[2 * kk][1]), pack_bf16(S[2 * kk][2], S[2 * kk][3]),
+                              pack_bf16(S[2 * kk + 1][0], S[2 * kk + 1][1]),
+                              pack_bf16(S[2 * kk + 1][2], S[2 * kk + 1][3])};
+            u32 kb[4], qb[4];
+            ldmatrix_x4(kb, &s.k[mrow][kk * 16 + mcol]);
+            ldmatrix_x4(qb, &s.q[mrow][kk * 16 + mcol]);
+            mma_bf16(xk[kk & 1][0], a, kb[0], kb[1]);
+            mma_bf16(xk[kk & 1][1], a, kb[2], kb[3]);
+            mma_bf16(xq[kk & 1][0], a, qb[0], qb[1]);
+            mma_bf16(xq[kk & 1][1], a, qb[2], qb[3]);
+        }
+        // X^T = V^T - (S K^T) diag(ak)
+        float x[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int t = n * 8 + t0 + (c & 1);
+                x[n][c] = bf16_to_f(s.v[t][vw + (c >> 1) * 8]) - ak[n * 2 + (c & 1)] * (xk[0][n][c] + xk[1][n][c]);
+            }
+        const float one[4] = {1.f, 1.f, 1.f, 1.f};
+        u32 a[4], mb[4];
+        as_a(a, x, one);
+        float r[2][4] = {};
+        ldmatrix_x4(mb, &s.tb[mrow][mcol]);
+        mma_bf16(r[0], a, mb[0], mb[1]);
+        mma_bf16(r[1], a, mb[2], mb[3]);
+        // O^T = (S Q^T) diag(aq) + R^T P^T
+        float o[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) o[n][c] = (xq[0][n][c] + xq[1][n][c]) * aq[n * 2 + (c & 1)];
+        as_a(a, r, one);
+        ldmatrix_x4(mb, &s.p[mrow][mcol]);
+        mma_bf16(o[0], a, mb[0], mb[1]);
+        mma_bf16(o[1], a, mb[2], mb[3]);
+        bf16_t* ob = out + (b * 16 + t0) * out_t + vw;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                if (in[n * 2 + (c & 1)]) ob[(n * 8 + (c & 1)) * out_t + (c >> 1) * 8] = f_to_bf16(o[n][c]);
+        // S = exp(G_end) S + (R^T diag(ek)) K: K rows as the B operand, transposed by ldmatrix
+        as_a(a, r, ek);
+#pragma unroll
+        for (int np = 0; np < 8; ++np) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                S[2 * np][c] *= eg;
+                S[2 * np + 1][c] *= eg;
+            }
+            u32 kb[4];
+            ldmatrix_x4_trans(kb, &s.k[krow][np * 16 + kcol]);
+            mma_bf16(S[2 * np], a, kb[0], kb[1]);
+            mma_bf16(S[2 * np + 1], a, kb[2], kb[3]);
+        }
+        __syncthreads();  // every warp done with s before the next iteration loads into it
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        *reinterpret_cast<float2*>(srow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
+        *reinterpret_cast<float2*>(srow + 8 * A.s_row + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
+    }
+}
+
+// gdn_prefill_walk_w<W>_s<NST>_<pool|contest>: block 32 W threads, grid N * HV * (128 / (16 W)), NST
+// stages of dynamic shared memory (stage_bytes<W>() each). Parameters: q k v mats fac state slots init
+// cu_seqlens out, T, N, num_slots, HV, HQK, has_state, the six q/k/v token and head strides, the
+// state's slot, head and row strides (elements). pool: int32 cu_seqlens, slots and has_initial_state;
+// contest: int64 cu_seqlens, state n is sequence n's (has_state: read it).
+#define GDN_WALK_KERNEL(W, NST, KIND, CU, SLOTS)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * W) gdn_prefill_walk_w##W##_s##NST##_##KIND(  \
+        const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* mats, const float* fac,   \
+        float* state, const int* slots, const unsigned char* init, const CU* cu, bf16_t* out,      \
+        long long T, int N, int num_slots, int hv, int hqk, int has_state, long long q_t,          \
+        long long q_h, long long k_t, long long k_h, long long v_t, long long v_h, long long s_slot,\
+        long long s_head, long long s_row) {                                                       \
+        walk<W, NST, CU, SLOTS>(Args{q, k, v, mats, fac, state, slots, init, cu, out, T, N,        \
+                                     num_slots, hv, hqk, has_state, q_t, q_h, k_t, k_h, v_t, v_h,  \
+                                     s_slot, s_head, s_row});                                      \
+    }
+#define GDN_WALK_KERNELS(W, NST)                      \
+    GDN_WALK_KERNEL(W, NST, pool, int, true)          \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false)
+
+// the configurations that were fastest somewhere on the H200 grid (gdn-fused-grid-H200.txt): 16 and
+// 128 rows a block never were
+GDN_WALK_KERNELS(2, 4)
+GDN_WALK_KERNELS(4, 4)
+GDN_WALK_KERNELS(4, 2)
