@@ -68,9 +68,7 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, norm, has_state, cfg):
-    T, HQK, _ = q.shape
-    HV = v.shape[1]
-    N = cu_seqlens.shape[0] - 1
+    T, HQK, HV, N = q.shape[0], q.shape[1], v.shape[1], cu_seqlens.shape[0] - 1
     if N <= 0:
         return
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
