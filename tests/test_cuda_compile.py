@@ -69,13 +69,17 @@ def _kernel_names(src):
 
 @needs_nvrtc
 def test_gdn_kernels_are_the_expected_ones(cache):
-    """The wrappers launch these names; they must exist in the cubins."""
+    """The wrappers launch these names; they must exist in the cubins. The staged prefill's CUDA walk:
+    every registered configuration in both conventions, its stages fit in an SM's shared memory, and
+    config() picks registered ones."""
     from kdispatch.kernels.cuda.gdn import decode_warp_rows as D
     from kdispatch.kernels.cuda.gdn import pool_states as PS
     from kdispatch.kernels.cuda.gdn import prefill_thread_rows as P
+    from kdispatch.kernels.cuda.gdn import prefill_walk as W
 
-    # the ten programs below compiled into the disk cache at once first (NVRTC releases the GIL)
+    # the eleven programs below compiled into the disk cache at once first (NVRTC releases the GIL)
     programs = [(cu, opts) for cu in (D.CU, P.CU) for opts in ((), *((f"-DPOOL_HV={h}",) for h in (4, 8, 16, 32)))]
+    programs.append((W.CU, ()))
     with ThreadPoolExecutor(os.cpu_count() or 1) as workers:
         list(workers.map(lambda prog: nvrtc.compile(prog[0].read_text(), arch=ARCH, options=prog[1]), programs))
     dcubin = nvrtc.compile_cubin(D.CU.read_text(), arch=ARCH)
@@ -117,14 +121,6 @@ def test_gdn_kernels_are_the_expected_ones(cache):
     states = nvrtc.compile(PS.CU.read_text(), arch=ARCH)
     for name in ("gdn_pool_gather", "gdn_pool_scatter"):
         assert name.encode() + b"\x00" in states.cubin
-
-
-@needs_nvrtc
-def test_gdn_prefill_walk_kernels_are_the_expected_ones(cache):
-    """Every registered configuration of the staged prefill's CUDA walk is in the cubin in both
-    conventions, its stages fit in an SM's shared memory, and config() picks registered ones."""
-    from kdispatch.kernels.cuda.gdn import prefill_walk as W
-
     c = nvrtc.compile(W.CU.read_text(), arch=ARCH)
     for label, kw in W.LAUNCH_CONFIGS.items():
         warps, stages = kw["cfg"]
