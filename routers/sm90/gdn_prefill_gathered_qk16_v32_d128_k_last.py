@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T06:27:59Z
+# measured    up to 2026-11-30T15:07:17Z
 # workloads   132 (workload-set digest 0a43ec6698a623cf)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,6 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/127  0.35x  [6 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/127  0.34x  [7 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/127  0.33x  [7 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  132/132  1.07x
 #   flashinfer_direct               755eb6578bd0a1f3  132/132  1.14x
 #   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.48x  [2 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  129/132  0.56x  [3 screened out]
@@ -25,6 +26,7 @@
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
@@ -34,56 +36,58 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.80% mean, 326.36% max;
-#             1.032x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.35% mean, 175.28% max;
-#             1.384x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.08% mean, 38.45% max;
+#             1.151x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.30% mean, 222.45% max;
+#             1.461x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   3. num_seqs > 3 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   4. 60 < total_seq_len <= 265 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 96 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 265 < total_seq_len <= 1980 and num_seqs <= 3: flashinfer_direct, 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 319 and 3 < num_seqs <= 5: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   3. total_seq_len <= 319 and num_seqs > 5: cuda_prefill_staged.r64s4, 18 workloads, 1.34x (1.10x .. 1.52x) over vllm_flashinfer_prefill
+#   4. 60 < total_seq_len <= 265 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   5. 265 < total_seq_len <= 1980 and num_seqs <= 3: flashinfer_direct, 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. 319 < total_seq_len <= 1020 and 3 < num_seqs <= 22: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   7. 319 < total_seq_len <= 1020 and num_seqs > 22: cuda_prefill_staged.r64s4, 11 workloads, 1.41x (1.14x .. 1.56x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len <= 11: cuda_prefill_staged.r64s4, 7 workloads, 1.47x (1.43x .. 1.53x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 75 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.12x (4.66x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 150 and num_seqs > 2: cuda_prefill_pool_rows.k2c8, 17 workloads, 2.17x (1.43x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   3. 75 < total_seq_len <= 268 and num_seqs <= 2: triton_prefill_fused.c16v32, 6 workloads, 3.69x (2.93x .. 4.23x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. 150 < total_seq_len <= 268 and 2 < num_seqs <= 18: triton_prefill_fused.c16v64, 6 workloads, 1.65x (1.48x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. 150 < total_seq_len <= 268 and num_seqs > 18: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.95x (1.52x .. 2.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 268 < total_seq_len <= 791 and num_seqs > 135: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.81x (1.77x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. 268 < total_seq_len <= 1020 and num_seqs <= 33: flashinfer_direct, 16 workloads, 1.63x (1.37x .. 3.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   8. 268 < total_seq_len <= 1020 and 33 < num_seqs <= 135: triton_prefill_fused.c16v64, 4 workloads, 1.42x (1.23x .. 1.57x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. 791 < total_seq_len <= 4096 and num_seqs > 135: flashinfer_direct, 7 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
-#   10. 1020 < total_seq_len <= 20255 and num_seqs <= 135: flashinfer_direct, 57 workloads, 1.49x (1.12x .. 2.97x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 4096 and num_seqs > 135: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 20255 and num_seqs <= 135: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 36 and mean_seq_len <= 29: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.74x (6.09x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 84 and num_seqs <= 3 and mean_seq_len > 29: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.30x (4.66x .. 6.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 26522 and 3 < num_seqs <= 80 and mean_seq_len > 29: flashinfer_direct, 64 workloads, 1.46x (1.17x .. 1.80x) over vllm_flashinfer_prefill
+#   4. total_seq_len <= 26522 and num_seqs > 80 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. 36 < total_seq_len <= 241 and mean_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.22x (1.43x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   6. 84 < total_seq_len <= 9085 and num_seqs <= 3 and mean_seq_len > 29: cuda_prefill_staged.r64s4, 15 workloads, 3.08x (1.63x .. 5.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 241 < total_seq_len <= 362 and mean_seq_len <= 29: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.69x (1.30x .. 1.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 362 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.81x (1.77x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 362 and 3 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 17 workloads, 1.67x (1.22x .. 2.68x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. total_seq_len > 26522 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (None, 91)}, 'workloads': 8, 'speedup': (1.03, 1.06, 1.08), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (3, None)}, 'workloads': 7, 'speedup': (1.26, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (60, 265)}, 'workloads': 7, 'speedup': (2.48, 3.01, 3.46), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (3, None), 'total_seq_len': (91, None)}, 'workloads': 96, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (265, 1980)}, 'workloads': 7, 'speedup': (1.05, 1.68, 2.35), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 5), 'total_seq_len': (None, 319)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (None, 319)}, 'workloads': 18, 'speedup': (1.1, 1.34, 1.52), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (60, 265)}, 'workloads': 7, 'speedup': (2.48, 3.01, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (265, 1980)}, 'workloads': 7, 'speedup': (1.05, 1.68, 2.35), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 22), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.14, 1.41, 1.56), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 7, 'speedup': (1.43, 1.47, 1.53), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 55, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (4.66, 6.12, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 150)}, 'workloads': 17, 'speedup': (1.43, 2.17, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (75, 268)}, 'workloads': 6, 'speedup': (2.93, 3.69, 4.23), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (2, 18), 'total_seq_len': (150, 268)}, 'workloads': 6, 'speedup': (1.48, 1.65, 1.77), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (18, None), 'total_seq_len': (150, 268)}, 'workloads': 4, 'speedup': (1.52, 1.95, 2.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (135, None), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.77, 1.81, 1.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 33), 'total_seq_len': (268, 1020)}, 'workloads': 16, 'speedup': (1.37, 1.63, 3.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (33, 135), 'total_seq_len': (268, 1020)}, 'workloads': 4, 'speedup': (1.23, 1.42, 1.57), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (135, None), 'total_seq_len': (791, 4096)}, 'workloads': 7, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 135), 'total_seq_len': (1020, 20255)}, 'workloads': 57, 'speedup': (1.12, 1.49, 2.97), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (135, None), 'total_seq_len': (4096, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 135), 'total_seq_len': (20255, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (None, 36)}, 'workloads': 3, 'speedup': (6.09, 6.74, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 84)}, 'workloads': 2, 'speedup': (4.66, 5.3, 6.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (3, 80), 'total_seq_len': (None, 26522)}, 'workloads': 64, 'speedup': (1.17, 1.46, 1.8), 'fallbacks': ()},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (80, None), 'total_seq_len': (None, 26522)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (36, 241)}, 'workloads': 15, 'speedup': (1.43, 2.22, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (84, 9085)}, 'workloads': 15, 'speedup': (1.63, 3.08, 5.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (241, 362)}, 'workloads': 6, 'speedup': (1.3, 1.69, 1.95), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.77, 1.81, 1.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 29), 'total_seq_len': (362, None)}, 'workloads': 17, 'speedup': (1.22, 1.67, 2.68), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'total_seq_len': (26522, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,67 +98,70 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill
     if total_seq_len <= 60 and num_seqs <= 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 8 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 91 and num_seqs > 3 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 3: 7 workloads, 1.49x (1.26x .. 1.64x) over vllm_flashinfer_prefill
-    if num_seqs > 3 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 319 and 3 < num_seqs <= 5:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 3: 18 workloads, 1.34x (1.10x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len <= 319 and num_seqs > 5:
+        return 'cuda_prefill_staged.r64s4'
     # region 4: 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill
     if 60 < total_seq_len <= 265 and num_seqs <= 2:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 96 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 91 and num_seqs > 3 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill
     if 265 < total_seq_len <= 1980 and num_seqs <= 3:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 7: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if 319 < total_seq_len <= 1020 and 3 < num_seqs <= 22:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 11 workloads, 1.41x (1.14x .. 1.56x) over vllm_flashinfer_prefill
+    if 319 < total_seq_len <= 1020 and num_seqs > 22:
+        return 'cuda_prefill_staged.r64s4'
+    # region 8: 7 workloads, 1.47x (1.43x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 1020 and num_seqs > 3 and mean_seq_len <= 11:
+        return 'cuda_prefill_staged.r64s4'
+    # region 9: 55 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1980 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 6.12x (4.66x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 17 workloads, 2.17x (1.43x .. 2.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 150 and num_seqs > 2:
+    # region 1: 3 workloads, 6.74x (6.09x .. 7.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and mean_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 2 workloads, 5.30x (4.66x .. 6.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 84 and num_seqs <= 3 and mean_seq_len > 29:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 64 workloads, 1.46x (1.17x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 26522 and 3 < num_seqs <= 80 and mean_seq_len > 29:
+        return 'flashinfer_direct'
+    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 26522 and num_seqs > 80 and mean_seq_len > 29:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 5: 15 workloads, 2.22x (1.43x .. 2.70x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 241 and mean_seq_len <= 29:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 6 workloads, 3.69x (2.93x .. 4.23x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 268 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 6 workloads, 1.65x (1.48x .. 1.77x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 268 and 2 < num_seqs <= 18:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 4 workloads, 1.95x (1.52x .. 2.21x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 268 and num_seqs > 18:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 4 workloads, 1.81x (1.77x .. 1.87x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 791 and num_seqs > 135:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 16 workloads, 1.63x (1.37x .. 3.04x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 1020 and num_seqs <= 33:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
-    # region 8: 4 workloads, 1.42x (1.23x .. 1.57x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 1020 and 33 < num_seqs <= 135:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 7 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
-    if 791 < total_seq_len <= 4096 and num_seqs > 135:
-        return 'flashinfer_direct'
-    # region 10: 57 workloads, 1.49x (1.12x .. 2.97x) over vllm_flashinfer_prefill
-    if 1020 < total_seq_len <= 20255 and num_seqs <= 135:
-        return 'flashinfer_direct'
-    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4096 and num_seqs > 135:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 20255 and num_seqs <= 135:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 15 workloads, 3.08x (1.63x .. 5.31x) over vllm_flashinfer_prefill
+    if 84 < total_seq_len <= 9085 and num_seqs <= 3 and mean_seq_len > 29:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 6 workloads, 1.69x (1.30x .. 1.95x) over vllm_flashinfer_prefill
+    if 241 < total_seq_len <= 362 and mean_seq_len <= 29:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 4 workloads, 1.81x (1.77x .. 1.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 17 workloads, 1.67x (1.22x .. 2.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 3 < mean_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 26522 and mean_seq_len > 29:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -163,137 +170,145 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.64% mean, 72.00% max;
-#             1.064x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.90% mean, 53.55% max;
-#             1.512x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.28% mean, 72.00% max;
+#             1.152x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.08% mean, 95.55% max;
+#             1.545x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8
-#   8. total_seq_len <= 724 and num_seqs > 3 and 2 < mean_seq_len <= 7 and max_seq_len > 43: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30: triton_prefill_fused.c16v64, 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   10. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. 3 < num_seqs <= 8 and 7 < mean_seq_len <= 181 and 133 < max_seq_len <= 256: flashinfer_direct, 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. 3 < num_seqs <= 8 and mean_seq_len > 7 and 256 < max_seq_len <= 394: flashinfer_direct, 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
-#   13. 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 394: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   14. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   15. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   16. 3 < num_seqs <= 8 and mean_seq_len > 181 and 133 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   17. num_seqs > 8 and mean_seq_len > 7: vllm_flashinfer_prefill (baseline), 56 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   19. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   20. total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   21. total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-#   22. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   25. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   26. total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   27. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   28. 3821 < total_seq_len <= 5792 and num_seqs <= 3: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   3. total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 11 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   4. total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 41 and num_seqs > 3 and 5 < mean_seq_len <= 11 and max_seq_len > 6: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   6. 3 < num_seqs <= 5 and 11 < mean_seq_len <= 45 and max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. 3 < num_seqs <= 8 and 11 < mean_seq_len <= 181 and 133 < max_seq_len <= 256: flashinfer_direct, 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. 3 < num_seqs <= 8 and mean_seq_len > 11 and 256 < max_seq_len <= 394: flashinfer_direct, 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+#   9. 3 < num_seqs <= 8 and mean_seq_len > 11 and max_seq_len > 394: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   10. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. 3 < num_seqs <= 8 and mean_seq_len > 181 and 133 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   13. 5 < num_seqs <= 8 and 11 < mean_seq_len <= 45 and max_seq_len <= 133: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   14. num_seqs > 8 and 11 < mean_seq_len <= 20 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 8 workloads, 1.30x (1.14x .. 1.38x) over vllm_flashinfer_prefill
+#   15. num_seqs > 8 and 11 < mean_seq_len <= 20 and 896 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. num_seqs > 8 and 11 < mean_seq_len <= 20 and 898 < max_seq_len <= 2314: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   17. num_seqs > 8 and 11 < mean_seq_len <= 20 and max_seq_len > 2314: vllm_flashinfer_prefill (baseline), 0 workloads
+#   18. num_seqs > 8 and 20 < mean_seq_len <= 45 and max_seq_len <= 243: cuda_prefill_staged.r64s4, 9 workloads, 1.16x (1.08x .. 1.21x) over vllm_flashinfer_prefill
+#   19. num_seqs > 8 and 20 < mean_seq_len <= 45 and max_seq_len > 243: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   20. num_seqs > 8 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 25 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   21. 2 < total_seq_len <= 45 and num_seqs <= 1: triton_prefill_fused.c16v32, 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   22. 11 < total_seq_len <= 45 and 1 < num_seqs <= 3: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   23. 22 < total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 11 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   24. 41 < total_seq_len <= 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4
+#   25. 41 < total_seq_len <= 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   26. total_seq_len > 41 and num_seqs > 3 and 2 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 23 workloads, 1.39x (1.10x .. 1.54x) over vllm_flashinfer_prefill
+#   27. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   28. total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8
+#   29. total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 21: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.51x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   30. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   31. 3821 < total_seq_len <= 5792 and num_seqs <= 3: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 41 and num_seqs <= 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.37x (7.37x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 41 and num_seqs <= 2 and 7 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.30x (6.02x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 41 and 2 < max_seq_len <= 7: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 41 and num_seqs > 1 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 41 and num_seqs > 2 and 7 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 106 and num_seqs <= 2 and max_seq_len > 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.52x (4.38x .. 4.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 181 and 2 < num_seqs <= 11 and max_seq_len > 63: triton_prefill_fused.c16v64, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 181 and num_seqs > 11 and max_seq_len > 63: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.67x (1.39x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   9. 41 < total_seq_len <= 64 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.66x (2.61x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. 41 < total_seq_len <= 64 and 22 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.09x (1.87x .. 2.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 64 < total_seq_len <= 362 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.19x (1.87x .. 2.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 106 < total_seq_len <= 181 and num_seqs <= 2 and max_seq_len > 63: triton_prefill_fused.c16v32, 1 workloads, 3.72x (3.72x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. 181 < total_seq_len <= 268 and num_seqs <= 4 and 63 < max_seq_len <= 212: triton_prefill_fused.c16v64, 4 workloads, 2.61x (1.75x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
-#   14. 181 < total_seq_len <= 268 and num_seqs <= 4 and max_seq_len > 212: flashinfer_direct, 3 workloads, 2.64x (1.66x .. 3.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   15. 181 < total_seq_len <= 875 and 4 < num_seqs <= 90 and max_seq_len > 63: flashinfer_direct, 13 workloads, 1.48x (1.26x .. 1.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   16. 181 < total_seq_len <= 875 and num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 181 < total_seq_len <= 875 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len > 63: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   18. 268 < total_seq_len <= 875 and num_seqs <= 4 and max_seq_len > 63: flashinfer_direct, 5 workloads, 1.89x (1.61x .. 3.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   19. 362 < total_seq_len <= 875 and num_seqs <= 45 and max_seq_len <= 63: triton_prefill_fused.c16v64, 2 workloads, 1.55x (1.51x .. 1.60x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   20. 362 < total_seq_len <= 875 and num_seqs > 45 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.86x (1.77x .. 2.00x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   21. 875 < total_seq_len <= 23170 and 8000 < max_seq_len <= 16372: flashinfer_direct, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
-#   22. 875 < total_seq_len <= 23170 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. 875 < total_seq_len <= 23170 and num_seqs > 181 and 55 < max_seq_len <= 3966: flashinfer_direct, 3 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
-#   24. 875 < total_seq_len <= 23170 and num_seqs > 181 and 3966 < max_seq_len <= 8000: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 875 and num_seqs <= 181 and 55 < max_seq_len <= 8000: flashinfer_direct, 54 workloads, 1.50x (1.12x .. 2.97x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 875 and mean_seq_len <= 11 and max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.47x (1.25x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 875 and mean_seq_len > 11 and max_seq_len <= 55: flashinfer_direct, 5 workloads, 1.34x (1.18x .. 1.46x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 23170 and num_seqs <= 22 and 8000 < max_seq_len <= 32720: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. total_seq_len > 23170 and max_seq_len > 32720: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   30. total_seq_len > 23170 and num_seqs > 22 and 8000 < max_seq_len <= 32720: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   31. total_seq_len > 23170 and num_seqs > 181 and 55 < max_seq_len <= 8000: flashinfer_direct, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 22 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 41 and num_seqs <= 1 and mean_seq_len <= 14 and max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.09x (6.83x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 45 and 14 < mean_seq_len <= 29 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.09x (6.09x .. 6.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.02x (6.02x .. 6.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 106 and mean_seq_len > 29 and max_seq_len > 50: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.52x (4.38x .. 4.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and 14 < mean_seq_len <= 29 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 32: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.99x (1.99x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.35x (2.11x .. 2.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   10. mean_seq_len <= 2 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 2 < mean_seq_len <= 14 and max_seq_len > 104: cuda_prefill_staged.r64s4, 5 workloads, 1.53x (1.22x .. 1.82x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   14. 41 < total_seq_len <= 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.18x (1.77x .. 2.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len > 41 and mean_seq_len <= 14 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.06x (1.73x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.23x (2.03x .. 2.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   17. 45 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.23x (1.87x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 106 < total_seq_len <= 181 and mean_seq_len > 29 and 50 < max_seq_len <= 125: triton_prefill_fused.c16v64, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   19. 106 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len > 125: triton_prefill_fused.c16v32, 1 workloads, 3.72x (3.72x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. 181 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.59x (1.49x .. 1.70x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   21. 181 < total_seq_len <= 3054 and num_seqs <= 3 and mean_seq_len > 29: cuda_prefill_staged.r64s4, 12 workloads, 3.08x (1.91x .. 5.31x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104: cuda_prefill_staged.r64s4, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 181 and num_seqs > 3 and 29 < mean_seq_len <= 724 and max_seq_len > 8000: flashinfer_direct, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 7170: flashinfer_direct, 62 workloads, 1.44x (1.11x .. 1.80x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and 7170 < max_seq_len <= 8000: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   26. total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 724 and max_seq_len > 8000: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 32: cuda_prefill_staged.r64s4, 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 2.02x (2.00x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct
+#   29. total_seq_len > 362 and 14 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 7 workloads, 1.74x (1.28x .. 2.68x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   30. total_seq_len > 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.34x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len <= 11584: flashinfer_direct, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len > 11584: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.39, 1.4, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (30, 133), 'mean_seq_len': (7, 45), 'num_seqs': (3, 8)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (7, 181), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (256, 394), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (394, None), 'mean_seq_len': (7, None), 'num_seqs': (3, 8)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (181, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7, None), 'num_seqs': (8, None)}, 'workloads': 56, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 3, 'speedup': (4.83, 5.32, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (22, None)}, 'workloads': 7, 'speedup': (1.39, 1.49, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 16), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 5, 'speedup': (1.12, 1.38, 1.6), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (2, 7), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 43), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (43, 83), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 7), 'num_seqs': (3, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, 11), 'num_seqs': (3, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 133), 'mean_seq_len': (11, 45), 'num_seqs': (3, 5)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (11, 181), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (256, 394), 'mean_seq_len': (11, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (394, None), 'mean_seq_len': (11, None), 'num_seqs': (3, 8)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (181, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 133), 'mean_seq_len': (11, 45), 'num_seqs': (5, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (11, 20), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.14, 1.3, 1.38), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 898), 'mean_seq_len': (11, 20), 'num_seqs': (8, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 2314), 'mean_seq_len': (11, 20), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, None), 'mean_seq_len': (11, 20), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 243), 'mean_seq_len': (20, 45), 'num_seqs': (8, None)}, 'workloads': 9, 'speedup': (1.08, 1.16, 1.21), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (243, None), 'mean_seq_len': (20, 45), 'num_seqs': (8, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (8, None)}, 'workloads': 25, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (2, 45)}, 'workloads': 3, 'speedup': (4.83, 5.32, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (1, 3), 'total_seq_len': (11, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (22, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (41, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (41, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 11), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 23, 'speedup': (1.1, 1.39, 1.54), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.54, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.51, 1.54, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 1), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (7.37, 7.37, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (7, 63), 'num_seqs': (None, 2), 'total_seq_len': (None, 41)}, 'workloads': 3, 'speedup': (6.02, 6.3, 6.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 7), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (1, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (7, 63), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (4.38, 4.52, 4.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (2, 11), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (11, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.39, 1.67, 1.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'total_seq_len': (41, 64)}, 'workloads': 4, 'speedup': (2.61, 2.66, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 63), 'total_seq_len': (41, 64)}, 'workloads': 3, 'speedup': (1.87, 2.09, 2.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'total_seq_len': (64, 362)}, 'workloads': 11, 'speedup': (1.87, 2.19, 2.54), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (None, 2), 'total_seq_len': (106, 181)}, 'workloads': 1, 'speedup': (3.72, 3.72, 3.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 212), 'num_seqs': (None, 4), 'total_seq_len': (181, 268)}, 'workloads': 4, 'speedup': (1.75, 2.61, 3.99), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (212, None), 'num_seqs': (None, 4), 'total_seq_len': (181, 268)}, 'workloads': 3, 'speedup': (1.66, 2.64, 3.57), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (4, 90), 'total_seq_len': (181, 875)}, 'workloads': 13, 'speedup': (1.26, 1.48, 1.64), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 2), 'num_seqs': (90, None), 'total_seq_len': (181, 875)}, 'workloads': 1, 'speedup': (1.84, 1.84, 1.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (181, 875)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (None, 4), 'total_seq_len': (268, 875)}, 'workloads': 5, 'speedup': (1.61, 1.89, 3.04), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 45), 'total_seq_len': (362, 875)}, 'workloads': 2, 'speedup': (1.51, 1.55, 1.6), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (45, None), 'total_seq_len': (362, 875)}, 'workloads': 5, 'speedup': (1.77, 1.86, 2.0), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8000, 16372), 'total_seq_len': (875, 23170)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'total_seq_len': (875, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (55, 3966), 'num_seqs': (181, None), 'total_seq_len': (875, 23170)}, 'workloads': 3, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3966, 8000), 'num_seqs': (181, None), 'total_seq_len': (875, 23170)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (55, 8000), 'num_seqs': (None, 181), 'total_seq_len': (875, None)}, 'workloads': 54, 'speedup': (1.12, 1.5, 2.97), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 55), 'mean_seq_len': (None, 11), 'total_seq_len': (875, None)}, 'workloads': 5, 'speedup': (1.25, 1.47, 1.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 55), 'mean_seq_len': (11, None), 'total_seq_len': (875, None)}, 'workloads': 5, 'speedup': (1.18, 1.34, 1.46), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8000, 32720), 'num_seqs': (None, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32720, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8000, 32720), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (55, 8000), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 14), 'num_seqs': (1, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 14), 'num_seqs': (None, 1), 'total_seq_len': (None, 41)}, 'workloads': 2, 'speedup': (6.83, 7.09, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (14, 29), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.09, 6.09, 6.09), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.02, 6.02, 6.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (50, None), 'mean_seq_len': (29, None), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (4.38, 4.52, 4.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (41, 104), 'mean_seq_len': (2, 14), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (14, 29), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.99, 1.99, 1.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 41), 'mean_seq_len': (2, 14), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.11, 2.35, 2.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 32), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (2, 14)}, 'workloads': 5, 'speedup': (1.22, 1.53, 1.82), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 14), 'num_seqs': (1, None), 'total_seq_len': (22, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 16), 'mean_seq_len': (None, 14), 'num_seqs': (1, None), 'total_seq_len': (22, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 16), 'mean_seq_len': (None, 14), 'total_seq_len': (41, 724)}, 'workloads': 8, 'speedup': (1.77, 2.18, 2.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 14), 'total_seq_len': (41, None)}, 'workloads': 6, 'speedup': (1.73, 2.06, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (45, 181)}, 'workloads': 2, 'speedup': (2.03, 2.23, 2.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (14, 29), 'total_seq_len': (45, 362)}, 'workloads': 3, 'speedup': (1.87, 2.23, 2.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (50, 125), 'mean_seq_len': (29, None), 'total_seq_len': (106, 181)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, None), 'mean_seq_len': (29, None), 'total_seq_len': (106, 181)}, 'workloads': 1, 'speedup': (3.72, 3.72, 3.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (14, 29), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (1.49, 1.59, 1.7), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (181, 3054)}, 'workloads': 12, 'speedup': (1.91, 3.08, 5.31), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 104), 'mean_seq_len': (2, 14), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8000, None), 'mean_seq_len': (29, 724), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 62, 'speedup': (1.11, 1.44, 1.8), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7170, 8000), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8000, None), 'mean_seq_len': (724, None), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (2.08, 2.08, 2.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 41), 'mean_seq_len': (2, 14), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.0, 2.02, 2.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (14, 29), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.28, 1.74, 2.68), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 16), 'mean_seq_len': (None, 14), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.34, 1.57, 1.84), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 11584), 'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (3054, None)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ()},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11584, None), 'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (3054, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -304,182 +319,194 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 2 and num_seqs <= 1:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 11 and 1 < num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 22 and num_seqs > 3 and mean_seq_len <= 11 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 2 workloads, 1.40x (1.39x .. 1.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 3 and 2 < mean_seq_len <= 7 and max_seq_len > 43:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 3 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and max_seq_len <= 30:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 4 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 45 and 30 < max_seq_len <= 133:
+    if total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 5 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 41 and num_seqs > 3 and 5 < mean_seq_len <= 11 and max_seq_len > 6:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 5 and 11 < mean_seq_len <= 45 and max_seq_len <= 133:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and 7 < mean_seq_len <= 181 and 133 < max_seq_len <= 256:
+    # region 7: 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 11 < mean_seq_len <= 181 and 133 < max_seq_len <= 256:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and mean_seq_len > 7 and 256 < max_seq_len <= 394:
+    # region 8: 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 11 and 256 < max_seq_len <= 394:
         return 'flashinfer_direct'
-    # region 13: 18 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 7 and max_seq_len > 394:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
+    # region 9: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 11 and max_seq_len > 394:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 3 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 181 and 133 < max_seq_len <= 256:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 56 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 8 and mean_seq_len > 7:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 5 < num_seqs <= 8 and 11 < mean_seq_len <= 45 and max_seq_len <= 133:
+        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 8 workloads, 1.30x (1.14x .. 1.38x) over vllm_flashinfer_prefill
+    if num_seqs > 8 and 11 < mean_seq_len <= 20 and max_seq_len <= 896:
+        return 'cuda_prefill_staged.r64s4'
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and 11 < mean_seq_len <= 20 and 896 < max_seq_len <= 898:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 8 and 11 < mean_seq_len <= 20 and 898 < max_seq_len <= 2314:
+        return 'cuda_prefill_staged.r64s4'
+    # region 18: 9 workloads, 1.16x (1.08x .. 1.21x) over vllm_flashinfer_prefill
+    if num_seqs > 8 and 20 < mean_seq_len <= 45 and max_seq_len <= 243:
+        return 'cuda_prefill_staged.r64s4'
+    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and 20 < mean_seq_len <= 45 and max_seq_len > 243:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 25 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 8 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 3 workloads, 5.32x (4.83x .. 6.37x) over vllm_flashinfer_prefill
     if 2 < total_seq_len <= 45 and num_seqs <= 1:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
     if 11 < total_seq_len <= 45 and 1 < num_seqs <= 3:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 7 workloads, 1.49x (1.39x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 5 workloads, 1.38x (1.12x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 41 and num_seqs > 3 and mean_seq_len <= 7 and 6 < max_seq_len <= 16:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 41 and num_seqs > 3 and mean_seq_len <= 11 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if 41 < total_seq_len <= 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 41 < total_seq_len <= 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 26: 23 workloads, 1.39x (1.10x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 41 and num_seqs > 3 and 2 < mean_seq_len <= 11:
+        return 'cuda_prefill_staged.r64s4'
+    # region 27: 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
     if 45 < total_seq_len <= 2314 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 3 and 2 < mean_seq_len <= 7 and 16 < max_seq_len <= 43:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 16 < max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and 43 < max_seq_len <= 83:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 3 and mean_seq_len <= 7 and max_seq_len > 83:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 28: 4 workloads, 1.60x (1.54x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 2 workloads, 1.54x (1.51x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 21:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if 3821 < total_seq_len <= 5792 and num_seqs <= 3:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 7.37x (7.37x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and num_seqs <= 1 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 6.30x (6.02x .. 6.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and num_seqs <= 2 and 7 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and 2 < max_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 1 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 2 and 7 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 2 workloads, 4.52x (4.38x .. 4.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and num_seqs <= 2 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < num_seqs <= 11 and max_seq_len > 63:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 2 workloads, 1.67x (1.39x .. 1.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 11 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 4 workloads, 2.66x (2.61x .. 2.70x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 64 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 3 workloads, 2.09x (1.87x .. 2.25x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 64 and 22 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 11 workloads, 2.19x (1.87x .. 2.54x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 362 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 3.72x (3.72x .. 3.72x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 181 and num_seqs <= 2 and max_seq_len > 63:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 4 workloads, 2.61x (1.75x .. 3.99x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 268 and num_seqs <= 4 and 63 < max_seq_len <= 212:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 3 workloads, 2.64x (1.66x .. 3.57x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 268 and num_seqs <= 4 and max_seq_len > 212:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 15: 13 workloads, 1.48x (1.26x .. 1.64x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 875 and 4 < num_seqs <= 90 and max_seq_len > 63:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 16: 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 875 and num_seqs > 90 and mean_seq_len <= 2 and max_seq_len > 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 875 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len > 63:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 18: 5 workloads, 1.89x (1.61x .. 3.04x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 875 and num_seqs <= 4 and max_seq_len > 63:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
-    # region 19: 2 workloads, 1.55x (1.51x .. 1.60x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 875 and num_seqs <= 45 and max_seq_len <= 63:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 5 workloads, 1.86x (1.77x .. 2.00x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 875 and num_seqs > 45 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 23170 and 8000 < max_seq_len <= 16372:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 2 workloads, 7.09x (6.83x .. 7.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and num_seqs <= 1 and mean_seq_len <= 14 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 1 workloads, 6.09x (6.09x .. 6.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 14 < mean_seq_len <= 29 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 1 workloads, 6.02x (6.02x .. 6.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 4.52x (4.38x .. 4.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and mean_seq_len > 29 and max_seq_len > 50:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 14 < mean_seq_len <= 29 and max_seq_len > 43:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 1 workloads, 1.99x (1.99x .. 1.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 32:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 9: 2 workloads, 2.35x (2.11x .. 2.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if mean_seq_len <= 2 and 16 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 5 workloads, 1.53x (1.22x .. 1.82x) over vllm_flashinfer_prefill
+    if 2 < mean_seq_len <= 14 and max_seq_len > 104:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and 5 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 8 workloads, 2.18x (1.77x .. 2.70x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 6 workloads, 2.06x (1.73x .. 2.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 41 and mean_seq_len <= 14 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 2 workloads, 2.23x (2.03x .. 2.46x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 3 workloads, 2.23x (1.87x .. 2.66x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len <= 43:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 181 and mean_seq_len > 29 and 50 < max_seq_len <= 125:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 1 workloads, 3.72x (3.72x .. 3.72x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len > 125:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 2 workloads, 1.59x (1.49x .. 1.70x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len > 43:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 12 workloads, 3.08x (1.91x .. 5.31x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3054 and num_seqs <= 3 and mean_seq_len > 29:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 3 and 29 < mean_seq_len <= 724 and max_seq_len > 8000:
         return 'flashinfer_direct'
-    # region 23: 3 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 23170 and num_seqs > 181 and 55 < max_seq_len <= 3966:
+    # region 24: 62 workloads, 1.44x (1.11x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 7170:
         return 'flashinfer_direct'
-    # region 24: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 23170 and num_seqs > 181 and 3966 < max_seq_len <= 8000:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 25: 54 workloads, 1.50x (1.12x .. 2.97x) over vllm_flashinfer_prefill
-    if total_seq_len > 875 and num_seqs <= 181 and 55 < max_seq_len <= 8000:
+    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and 7170 < max_seq_len <= 8000:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 32:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, 2.02x (2.00x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 7 workloads, 1.74x (1.28x .. 2.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 14 < mean_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 2 workloads, 1.57x (1.34x .. 1.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len <= 11584:
         return 'flashinfer_direct'
-    # region 26: 5 workloads, 1.47x (1.25x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 875 and mean_seq_len <= 11 and max_seq_len <= 55:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 5 workloads, 1.34x (1.18x .. 1.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 875 and mean_seq_len > 11 and max_seq_len <= 55:
-        return 'flashinfer_direct'
-    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 23170 and max_seq_len > 32720:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs > 22 and 8000 < max_seq_len <= 32720:
-        return 'flashinfer_direct'
-    # region 31: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 23170 and num_seqs > 181 and 55 < max_seq_len <= 8000:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len > 11584:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'

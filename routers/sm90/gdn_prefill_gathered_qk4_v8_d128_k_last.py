@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T06:25:04Z
+# measured    up to 2026-11-30T15:09:02Z
 # workloads   132 (workload-set digest aaf19f9483c4a210)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,6 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.42x  [6 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  121/126  0.46x  [5 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.49x  [4 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  130/132  1.30x  [2 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  131/132  1.40x  [1 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
 #   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.76x
@@ -26,6 +27,7 @@
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
@@ -35,52 +37,58 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 11.33% mean, 199.25% max;
-#             1.146x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.83% mean, 198.45% max;
-#             1.769x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 10.02% mean, 199.25% max;
+#             1.194x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 17.35% mean, 333.00% max;
+#             1.849x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 50 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.96x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 76 and 6 < mean_seq_len <= 331: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 1205 and mean_seq_len > 331: flashinfer_direct, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   4. 50 < total_seq_len <= 362 and mean_seq_len <= 6: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.09x (1.07x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. 76 < total_seq_len <= 399 and 6 < mean_seq_len <= 331: vllm_flashinfer_prefill.cp_off, 20 workloads, 2.01x (1.06x .. 4.16x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331: flashinfer_direct, 17 workloads, 2.41x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45: flashinfer_direct, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   10. total_seq_len > 1205 and mean_seq_len > 331: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   3. total_seq_len <= 399 and 13 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.30x (1.16x .. 1.41x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 362: flashinfer_direct, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362: flashinfer_direct, 29 workloads, 2.64x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   7. 399 < total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 399 and num_seqs > 13 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 1.42x (1.20x .. 1.49x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 399 and num_seqs <= 1 and 2 < mean_seq_len <= 914: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.16x (2.86x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 399 and num_seqs > 1 and 2 < mean_seq_len <= 914: cuda_prefill_pool_rows.k8c8, 28 workloads, 3.31x (1.24x .. 7.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   3. total_seq_len <= 6292 and mean_seq_len > 914: flashinfer_direct, 2 workloads, 2.21x (2.01x .. 2.44x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   4. mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.80x (1.15x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 399 < total_seq_len <= 557 and 2 < mean_seq_len <= 914: triton_prefill_fused.c16v32, 16 workloads, 2.21x (1.20x .. 4.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
-#   6. total_seq_len > 557 and 2 < mean_seq_len <= 914: flashinfer_direct, 61 workloads, 1.72x (1.16x .. 3.52x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 6292 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 240 and 22 < mean_seq_len <= 914: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.04x (3.87x .. 6.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 399 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.52x (1.80x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 399 and 2 < mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 21 workloads, 3.27x (1.24x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   4. total_seq_len <= 6292 and mean_seq_len > 914: cuda_prefill_staged.r64s4, 2 workloads, 2.67x (2.61x .. 2.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   5. 240 < total_seq_len <= 399 and 22 < mean_seq_len <= 914: triton_prefill_fused.c16v32, 7 workloads, 3.54x (3.09x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. 399 < total_seq_len <= 591 and 45 < mean_seq_len <= 914: cuda_prefill_staged.r64s4, 7 workloads, 3.67x (2.55x .. 4.90x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   7. total_seq_len > 399 and mean_seq_len <= 5: flashinfer_direct, 7 workloads, 1.31x (1.26x .. 1.42x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 399 and 5 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 25 workloads, 1.89x (1.20x .. 3.13x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 591 and 45 < mean_seq_len <= 914: flashinfer_direct, 41 workloads, 1.87x (1.16x .. 3.52x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 6292 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 50)}, 'workloads': 6, 'speedup': (1.36, 4.96, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (None, 76)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (50, 362)}, 'workloads': 10, 'speedup': (1.07, 1.09, 1.14), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (6, 331), 'total_seq_len': (76, 399)}, 'workloads': 20, 'speedup': (1.06, 2.01, 4.16), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (None, 13), 'total_seq_len': (399, None)}, 'workloads': 17, 'speedup': (1.04, 2.41, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 45), 'total_seq_len': (399, None)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 331), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (331, None), 'total_seq_len': (1205, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (1.36, 6.07, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 362), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.16, 1.3, 1.41), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (75, None)}, 'workloads': 29, 'speedup': (1.04, 2.64, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (399, 724)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 7, 'speedup': (1.2, 1.42, 1.49), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (724, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 914), 'num_seqs': (None, 1), 'total_seq_len': (None, 399)}, 'workloads': 7, 'speedup': (2.86, 5.16, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, 914), 'num_seqs': (1, None), 'total_seq_len': (None, 399)}, 'workloads': 28, 'speedup': (1.24, 3.31, 7.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (None, 6292)}, 'workloads': 2, 'speedup': (2.01, 2.21, 2.44), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2)}, 'workloads': 9, 'speedup': (1.15, 2.8, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (2, 914), 'total_seq_len': (399, 557)}, 'workloads': 16, 'speedup': (1.2, 2.21, 4.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, 914), 'total_seq_len': (557, None)}, 'workloads': 61, 'speedup': (1.16, 1.72, 3.52), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (6292, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, 914), 'total_seq_len': (None, 240)}, 'workloads': 7, 'speedup': (3.87, 5.04, 6.21), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 399)}, 'workloads': 6, 'speedup': (1.8, 3.52, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, 22), 'total_seq_len': (None, 399)}, 'workloads': 21, 'speedup': (1.24, 3.27, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (None, 6292)}, 'workloads': 2, 'speedup': (2.61, 2.67, 2.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 914), 'total_seq_len': (240, 399)}, 'workloads': 7, 'speedup': (3.09, 3.54, 4.13), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (45, 914), 'total_seq_len': (399, 591)}, 'workloads': 7, 'speedup': (2.55, 3.67, 4.9), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (399, None)}, 'workloads': 7, 'speedup': (1.26, 1.31, 1.42), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, 45), 'total_seq_len': (399, None)}, 'workloads': 25, 'speedup': (1.2, 1.89, 3.13), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, 914), 'total_seq_len': (591, None)}, 'workloads': 41, 'speedup': (1.16, 1.87, 3.52), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (6292, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -89,35 +97,35 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 4.96x (1.36x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 50 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 76 and 6 < mean_seq_len <= 331:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and mean_seq_len > 331:
+    if total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and 13 < num_seqs <= 17:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 10 workloads, 1.30x (1.16x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and num_seqs > 17:
+        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 362:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 4: 10 workloads, 1.09x (1.07x .. 1.14x) over vllm_flashinfer_prefill
-    if 50 < total_seq_len <= 362 and mean_seq_len <= 6:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 20 workloads, 2.01x (1.06x .. 4.16x) over vllm_flashinfer_prefill
-    if 76 < total_seq_len <= 399 and 6 < mean_seq_len <= 331:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 17 workloads, 2.41x (1.04x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and num_seqs <= 13 and 45 < mean_seq_len <= 331:
+    # region 6: 29 workloads, 2.64x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 7: 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and num_seqs <= 45 and mean_seq_len <= 45:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 399 and num_seqs > 13 and 45 < mean_seq_len <= 331:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 23 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 399 and num_seqs > 45 and mean_seq_len <= 45:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 21 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1205 and mean_seq_len > 331:
+    if 399 < total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 7 workloads, 1.42x (1.20x .. 1.49x) over vllm_flashinfer_prefill
+    if total_seq_len > 399 and num_seqs > 13 and mean_seq_len <= 5:
+        return 'cuda_prefill_staged.r64s4'
+    # region 9: 37 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -125,25 +133,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 5.16x (2.86x .. 8.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and num_seqs <= 1 and 2 < mean_seq_len <= 914:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 28 workloads, 3.31x (1.24x .. 7.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and num_seqs > 1 and 2 < mean_seq_len <= 914:
+    # region 1: 7 workloads, 5.04x (3.87x .. 6.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 240 and 22 < mean_seq_len <= 914:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 6 workloads, 3.52x (1.80x .. 7.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 21 workloads, 3.27x (1.24x .. 8.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and 2 < mean_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 2 workloads, 2.21x (2.01x .. 2.44x) over vllm_flashinfer_prefill
+    # region 4: 2 workloads, 2.67x (2.61x .. 2.74x) over vllm_flashinfer_prefill
     if total_seq_len <= 6292 and mean_seq_len > 914:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 4: 9 workloads, 2.80x (1.15x .. 7.82x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 16 workloads, 2.21x (1.20x .. 4.51x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 557 and 2 < mean_seq_len <= 914:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 61 workloads, 1.72x (1.16x .. 3.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and 2 < mean_seq_len <= 914:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 7 workloads, 3.54x (3.09x .. 4.13x) over vllm_flashinfer_prefill
+    if 240 < total_seq_len <= 399 and 22 < mean_seq_len <= 914:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 7 workloads, 3.67x (2.55x .. 4.90x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 591 and 45 < mean_seq_len <= 914:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 7 workloads, 1.31x (1.26x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 399 and mean_seq_len <= 5:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 25 workloads, 1.89x (1.20x .. 3.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 399 and 5 < mean_seq_len <= 45:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 41 workloads, 1.87x (1.16x .. 3.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 591 and 45 < mean_seq_len <= 914:
         return 'flashinfer_direct'
-    # region 7: 9 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 9 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 6292 and mean_seq_len > 914:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -154,159 +171,189 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.97% mean, 199.25% max;
-#             1.207x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.31% mean, 53.25% max;
-#             1.997x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.17% mean, 199.25% max;
+#             1.244x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.73% mean, 67.18% max;
+#             2.033x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   6. total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   9. total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len <= 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 898: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081: flashinfer_direct, 8 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   16. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   18. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   21. 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it)
-#   22. 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   23. 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120: flashinfer_direct, 6 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   24. num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   25. num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   28. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   29. total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   30. total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   31. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32
-#   32. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 4 workloads, 1.26x (1.16x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14: cuda_prefill_pool_rows.k2c8, 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   36. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   43. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   44. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   46. total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   47. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   48. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   49. total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   50. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   51. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   3. total_seq_len <= 22 and 5 < num_seqs <= 17 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   6. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   7. total_seq_len <= 724 and num_seqs > 17 and 5 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 4 workloads, 1.22x (1.07x .. 1.33x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 41: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 898: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   11. total_seq_len <= 1448 and 9 < num_seqs <= 17 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 30 and max_seq_len <= 250: flashinfer_direct, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 30 and 250 < max_seq_len <= 316: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 5792 and num_seqs > 45 and mean_seq_len > 30 and 250 < max_seq_len <= 316: vllm_flashinfer_prefill (baseline), 0 workloads
+#   17. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   18. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   19. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   20. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   21. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. 17 < num_seqs <= 45 and mean_seq_len > 30 and 316 < max_seq_len <= 408: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   23. num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11: cuda_prefill_staged.r64s4, 7 workloads, 1.33x (1.16x .. 1.49x) over vllm_flashinfer_prefill
+#   24. num_seqs > 17 and mean_seq_len > 30 and max_seq_len > 408: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   25. num_seqs > 45 and mean_seq_len > 30 and 316 < max_seq_len <= 408: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
+#   28. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   29. total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   30. total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   31. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32
+#   32. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   33. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 3 workloads, 1.25x (1.16x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
+#   35. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   36. total_seq_len > 724 and num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 756: cuda_prefill_staged.r64s4, 2 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 724 and num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 756: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 3 workloads, 1.21x (1.19x .. 1.23x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 206: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   40. total_seq_len > 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 1448 and 9 < num_seqs <= 17 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   43. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   44. total_seq_len > 2896 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 250: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and max_seq_len <= 74: cuda_prefill_staged.r64s4, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
+#   46. total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and 74 < max_seq_len <= 250: cuda_prefill_staged.r64s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 2896 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 250: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   48. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   49. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   50. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   51. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   52. total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   53. total_seq_len > 5792 and num_seqs > 17 and mean_seq_len > 30 and 250 < max_seq_len <= 316: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   54. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   55. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and max_seq_len > 10: cuda_prefill_pool_rows.k16c8, 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
-#   4. total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len <= 132: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.71x (3.91x .. 5.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len > 132: flashinfer_direct, 16 workloads, 2.90x (2.30x .. 3.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 1 workloads, 5.54x (5.54x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len > 90: flashinfer_direct, 5 workloads, 3.08x (2.45x .. 3.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.20x (2.18x .. 2.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len > 90: flashinfer_direct, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.48x (1.87x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len > 59: flashinfer_direct, 14 workloads, 1.57x (1.29x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. 1704 < total_seq_len <= 2232 and max_seq_len <= 48: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.75x (1.57x .. 1.96x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8
-#   14. 1704 < total_seq_len <= 2232 and 48 < max_seq_len <= 5537: flashinfer_direct, 15 workloads, 1.80x (1.29x .. 3.16x) over vllm_flashinfer_prefill
-#   15. total_seq_len > 1704 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   16. total_seq_len > 1704 and mean_seq_len <= 724 and 5537 < max_seq_len <= 9101: flashinfer_direct, 4 workloads, 1.22x (1.16x .. 1.27x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 1704 and max_seq_len > 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. total_seq_len > 1704 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   19. total_seq_len > 1704 and mean_seq_len > 724 and 5537 < max_seq_len <= 9101: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. total_seq_len > 2232 and max_seq_len <= 5537: flashinfer_direct, 19 workloads, 1.58x (1.20x .. 2.98x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and max_seq_len > 10: cuda_prefill_pool_rows.k16c8, 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4
+#   4. total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 181 < total_seq_len <= 362 and num_seqs <= 2 and max_seq_len > 132: flashinfer_direct, 3 workloads, 3.31x (3.27x .. 3.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   6. 181 < total_seq_len <= 716 and num_seqs <= 11 and max_seq_len <= 117: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.71x (3.91x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. 181 < total_seq_len <= 716 and num_seqs <= 11 and 117 < max_seq_len <= 132: cuda_prefill_staged.r64s4, 2 workloads, 5.49x (4.89x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. 181 < total_seq_len <= 716 and 2 < num_seqs <= 11 and max_seq_len > 132: cuda_prefill_staged.r64s4, 5 workloads, 3.17x (2.55x .. 3.72x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   9. 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.64x (2.18x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   10. 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len > 32: cuda_prefill_staged.r64s4, 11 workloads, 2.10x (1.34x .. 3.21x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   11. 362 < total_seq_len <= 716 and num_seqs <= 2 and max_seq_len > 132: cuda_prefill_staged.r64s4, 1 workloads, 4.90x (4.90x .. 4.90x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. 716 < total_seq_len <= 1448 and mean_seq_len <= 45 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.20x (1.99x .. 2.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   13. 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and max_seq_len <= 148: flashinfer_direct, 2 workloads, 2.47x (1.73x .. 3.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   14. 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and 148 < max_seq_len <= 481: cuda_prefill_staged.r64s4, 4 workloads, 3.28x (1.87x .. 5.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   15. 716 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627: flashinfer_direct, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   16. 716 < total_seq_len <= 4449 and mean_seq_len > 540 and max_seq_len <= 1593: cuda_prefill_staged.r64s4, 2 workloads, 2.61x (2.49x .. 2.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   17. 716 < total_seq_len <= 4449 and mean_seq_len > 540 and 1593 < max_seq_len <= 4095: flashinfer_direct, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   18. 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 529: cuda_prefill_staged.r64s4, 3 workloads, 2.62x (1.98x .. 3.37x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and max_seq_len > 529: flashinfer_direct, 19 workloads, 1.79x (1.16x .. 3.12x) over vllm_flashinfer_prefill
+#   20. total_seq_len > 716 and num_seqs <= 181 and mean_seq_len <= 45 and max_seq_len > 627: cuda_prefill_staged.r64s4, 3 workloads, 1.68x (1.62x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 716 and mean_seq_len <= 45 and 22 < max_seq_len <= 627: cuda_prefill_staged.r64s4, 9 workloads, 1.90x (1.20x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. total_seq_len > 716 and mean_seq_len > 540 and 4095 < max_seq_len <= 5537: flashinfer_direct, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 716 and mean_seq_len > 540 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   24. 1448 < total_seq_len <= 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481: cuda_prefill_staged.r64s4, 8 workloads, 1.80x (1.37x .. 3.56x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   25. total_seq_len > 1448 and mean_seq_len <= 45 and max_seq_len <= 22: cuda_prefill_staged.r64s4, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 4449 and 540 < mean_seq_len <= 1572 and max_seq_len <= 4095: cuda_prefill_staged.r64s4, 3 workloads, 3.25x (2.61x .. 4.33x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 4449 and mean_seq_len > 1572 and max_seq_len <= 4095: flashinfer_direct, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 16336: flashinfer_direct, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 11585 and 45 < mean_seq_len <= 540 and max_seq_len > 16336: vllm_flashinfer_prefill (baseline), 0 workloads
+#   31. total_seq_len > 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (5, 19), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 9), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 32), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 898), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (9, 19), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 19), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 5792)}, 'workloads': 8, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.37, 2.83, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (19, 133)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (32, 90)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (120, None), 'mean_seq_len': (5, None), 'num_seqs': (32, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 120), 'mean_seq_len': (5, None), 'num_seqs': (90, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 19), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (5.37, 5.39, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 4, 'speedup': (1.16, 1.26, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 5), 'num_seqs': (19, None), 'total_seq_len': (93, None)}, 'workloads': 7, 'speedup': (1.28, 1.53, 1.64), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (14, None), 'mean_seq_len': (2, 5), 'num_seqs': (19, 133), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (14, 21), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 5), 'num_seqs': (133, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 1081), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 19), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 639), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (5, None), 'num_seqs': (19, 32), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 17), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (5, 17), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 9), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, 11), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.07, 1.22, 1.33), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.13, 1.19, 1.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 898), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 250), 'mean_seq_len': (30, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (250, 316), 'mean_seq_len': (30, None), 'num_seqs': (17, 45), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, 316), 'mean_seq_len': (30, None), 'num_seqs': (45, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.37, 2.83, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (316, 408), 'mean_seq_len': (30, None), 'num_seqs': (17, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (17, None)}, 'workloads': 7, 'speedup': (1.16, 1.33, 1.49), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (408, None), 'mean_seq_len': (30, None), 'num_seqs': (17, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (316, 408), 'mean_seq_len': (30, None), 'num_seqs': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (5.37, 5.39, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.16, 1.25, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (93, 724)}, 'workloads': 5, 'speedup': (1.46, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 756), 'mean_seq_len': (5, 11), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (756, None), 'mean_seq_len': (5, 11), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.19, 1.21, 1.23), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, None), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 1081), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 250), 'mean_seq_len': (45, None), 'num_seqs': (17, 45), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 74), 'mean_seq_len': (30, 45), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (74, 250), 'mean_seq_len': (30, 45), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 250), 'mean_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (250, 316), 'mean_seq_len': (30, None), 'num_seqs': (17, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (7.39, 7.75, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.11, 4.35, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, None), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.85, 3.98, 6.37), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.99, 3.29, 3.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 132), 'num_seqs': (None, 5), 'total_seq_len': (181, 1704)}, 'workloads': 4, 'speedup': (3.91, 4.71, 5.32), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (None, 5), 'total_seq_len': (181, 1704)}, 'workloads': 16, 'speedup': (2.3, 2.9, 3.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (5, 11), 'total_seq_len': (181, 1704)}, 'workloads': 1, 'speedup': (5.54, 5.54, 5.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (5, 11), 'total_seq_len': (181, 1704)}, 'workloads': 5, 'speedup': (2.45, 3.08, 3.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 2), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 2, 'speedup': (2.18, 2.2, 2.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'mean_seq_len': (2, None), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 16, 'speedup': (1.87, 2.48, 3.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (2, None), 'num_seqs': (11, None), 'total_seq_len': (181, 1704)}, 'workloads': 14, 'speedup': (1.29, 1.57, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 48), 'total_seq_len': (1704, 2232)}, 'workloads': 3, 'speedup': (1.57, 1.75, 1.96), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (48, 5537), 'total_seq_len': (1704, 2232)}, 'workloads': 15, 'speedup': (1.29, 1.8, 3.16), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (None, 362), 'total_seq_len': (1704, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5537, 9101), 'mean_seq_len': (None, 724), 'total_seq_len': (1704, None)}, 'workloads': 4, 'speedup': (1.16, 1.22, 1.27), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32576, None), 'total_seq_len': (1704, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (9101, 32576), 'mean_seq_len': (362, None), 'total_seq_len': (1704, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, 9101), 'mean_seq_len': (724, None), 'total_seq_len': (1704, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5537), 'total_seq_len': (2232, None)}, 'workloads': 19, 'speedup': (1.2, 1.58, 2.98), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (7.39, 7.75, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.11, 4.35, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, None), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.85, 3.98, 6.37), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.99, 3.29, 3.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (None, 2), 'total_seq_len': (181, 362)}, 'workloads': 3, 'speedup': (3.27, 3.31, 3.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 117), 'num_seqs': (None, 11), 'total_seq_len': (181, 716)}, 'workloads': 3, 'speedup': (3.91, 4.71, 5.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (117, 132), 'num_seqs': (None, 11), 'total_seq_len': (181, 716)}, 'workloads': 2, 'speedup': (4.89, 5.49, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (2, 11), 'total_seq_len': (181, 716)}, 'workloads': 5, 'speedup': (2.55, 3.17, 3.72), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'num_seqs': (11, None), 'total_seq_len': (181, 716)}, 'workloads': 10, 'speedup': (2.18, 2.64, 3.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (32, None), 'num_seqs': (11, None), 'total_seq_len': (181, 716)}, 'workloads': 11, 'speedup': (1.34, 2.1, 3.21), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (None, 2), 'total_seq_len': (362, 716)}, 'workloads': 1, 'speedup': (4.9, 4.9, 4.9), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 45), 'total_seq_len': (716, 1448)}, 'workloads': 3, 'speedup': (1.99, 2.2, 2.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 1448)}, 'workloads': 2, 'speedup': (1.73, 2.47, 3.52), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (148, 481), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 1448)}, 'workloads': 4, 'speedup': (1.87, 3.28, 5.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (181, None), 'total_seq_len': (716, 2896)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1593), 'mean_seq_len': (540, None), 'total_seq_len': (716, 4449)}, 'workloads': 2, 'speedup': (2.49, 2.61, 2.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1593, 4095), 'mean_seq_len': (540, None), 'total_seq_len': (716, 4449)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (481, 529), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 11585)}, 'workloads': 3, 'speedup': (1.98, 2.62, 3.37), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (529, None), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 11585)}, 'workloads': 19, 'speedup': (1.16, 1.79, 3.12), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 181), 'total_seq_len': (716, None)}, 'workloads': 3, 'speedup': (1.62, 1.68, 1.77), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 627), 'mean_seq_len': (None, 45), 'total_seq_len': (716, None)}, 'workloads': 9, 'speedup': (1.2, 1.9, 2.86), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 5537), 'mean_seq_len': (540, None), 'total_seq_len': (716, None)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'mean_seq_len': (540, None), 'total_seq_len': (716, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 481), 'mean_seq_len': (45, 540), 'total_seq_len': (1448, 23170)}, 'workloads': 8, 'speedup': (1.37, 1.8, 3.56), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4095), 'mean_seq_len': (540, 1572), 'total_seq_len': (4449, None)}, 'workloads': 3, 'speedup': (2.61, 3.25, 4.33), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4095), 'mean_seq_len': (1572, None), 'total_seq_len': (4449, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (481, 16336), 'mean_seq_len': (45, 540), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16336, None), 'mean_seq_len': (45, 540), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 481), 'mean_seq_len': (45, 540), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -317,152 +364,158 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill
     if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 5 < num_seqs <= 19 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 5 < num_seqs <= 19 and 4 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 22 and 5 < num_seqs <= 17 and 4 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill
     if total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    if total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 6: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 19 and mean_seq_len <= 5 and 2 < max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
+    if total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 4 workloads, 1.22x (1.07x .. 1.33x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 17 and 5 < mean_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 2 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len <= 41:
+        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 41:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 32:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 32:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 898:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 898:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
     # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and 9 < num_seqs <= 19 and max_seq_len > 898:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and max_seq_len > 898:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 14: 8 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 30 and max_seq_len <= 250:
         return 'flashinfer_direct'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
+    # region 14: 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 30 and 250 < max_seq_len <= 316:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 2 and 11 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 18: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 41 < max_seq_len <= 1211:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 2 and max_seq_len > 1211:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill
+    # region 21: 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 19 < num_seqs <= 133 and mean_seq_len <= 2 and 14 < max_seq_len <= 21:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 19 < num_seqs <= 133 and mean_seq_len <= 2 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 6 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
-    if 32 < num_seqs <= 90 and mean_seq_len > 5 and max_seq_len <= 120:
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 17 < num_seqs <= 45 and mean_seq_len > 30 and 316 < max_seq_len <= 408:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 32 and mean_seq_len > 5 and max_seq_len > 120:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 90 and mean_seq_len > 5 and max_seq_len <= 120:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 7 workloads, 1.33x (1.16x .. 1.49x) over vllm_flashinfer_prefill
+    if num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11:
+        return 'cuda_prefill_staged.r64s4'
+    # region 24: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 17 and mean_seq_len > 30 and max_seq_len > 408:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 26: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and max_seq_len <= 11:
+    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 19 and 11 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 28: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 29: 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
     # region 31: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
+    if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 4 workloads, 1.26x (1.16x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and mean_seq_len > 5 and max_seq_len <= 21:
+    # region 33: 3 workloads, 1.25x (1.16x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 7 workloads, 1.53x (1.28x .. 1.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and num_seqs > 19 and mean_seq_len <= 5 and max_seq_len <= 14:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and 19 < num_seqs <= 133 and 2 < mean_seq_len <= 5 and max_seq_len > 14:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and 14 < max_seq_len <= 21:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and num_seqs > 133 and mean_seq_len <= 5 and max_seq_len > 21:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 9 < num_seqs <= 19 and 639 < max_seq_len <= 1081:
+    # region 34: 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill
+    if 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 36: 2 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 756:
+        return 'cuda_prefill_staged.r64s4'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 756:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 3 workloads, 1.21x (1.19x .. 1.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len <= 206:
+        return 'cuda_prefill_staged.r64s4'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 206:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 1081:
         return 'flashinfer_direct'
-    # region 39: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 9 < num_seqs <= 19 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 9 < num_seqs <= 17 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 250:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 45: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and max_seq_len <= 74:
+        return 'cuda_prefill_staged.r64s4'
+    # region 46: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and 74 < max_seq_len <= 250:
+        return 'cuda_prefill_staged.r64s4'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 45 and mean_seq_len > 45 and max_seq_len <= 250:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 48: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 50: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 45: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 51: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 19 and 21 < max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len <= 439:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and 439 < max_seq_len <= 639:
-        return 'flashinfer_direct'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 19 < num_seqs <= 32 and mean_seq_len > 5 and max_seq_len > 639:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs > 17 and mean_seq_len > 30 and 250 < max_seq_len <= 316:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 54: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -473,75 +526,107 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and max_seq_len > 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 4 workloads, 4.71x (3.91x .. 5.32x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 16 workloads, 2.90x (2.30x .. 3.38x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and num_seqs <= 5 and max_seq_len > 132:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 1 workloads, 5.54x (5.54x .. 5.54x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 5 workloads, 3.08x (2.45x .. 3.62x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and 5 < num_seqs <= 11 and max_seq_len > 90:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 9: 2 workloads, 2.20x (2.18x .. 2.22x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len <= 2 and max_seq_len > 90:
-        return ('flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 16 workloads, 2.48x (1.87x .. 3.19x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 3 workloads, 3.31x (3.27x .. 3.38x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and num_seqs <= 2 and max_seq_len > 132:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
+    # region 6: 3 workloads, 4.71x (3.91x .. 5.54x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 716 and num_seqs <= 11 and max_seq_len <= 117:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 2 workloads, 5.49x (4.89x .. 6.18x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 716 and num_seqs <= 11 and 117 < max_seq_len <= 132:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 5 workloads, 3.17x (2.55x .. 3.72x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 716 and 2 < num_seqs <= 11 and max_seq_len > 132:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 10 workloads, 2.64x (2.18x .. 3.19x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len <= 32:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 14 workloads, 1.57x (1.29x .. 1.82x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1704 and num_seqs > 11 and mean_seq_len > 2 and max_seq_len > 59:
+    # region 10: 11 workloads, 2.10x (1.34x .. 3.21x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len > 32:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 1 workloads, 4.90x (4.90x .. 4.90x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 716 and num_seqs <= 2 and max_seq_len > 132:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 3 workloads, 2.20x (1.99x .. 2.53x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 1448 and mean_seq_len <= 45 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 2 workloads, 2.47x (1.73x .. 3.52x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and max_seq_len <= 148:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 14: 4 workloads, 3.28x (1.87x .. 5.14x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and 148 < max_seq_len <= 481:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 3 workloads, 1.75x (1.57x .. 1.96x) over vllm_flashinfer_prefill
-    if 1704 < total_seq_len <= 2232 and max_seq_len <= 48:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 15 workloads, 1.80x (1.29x .. 3.16x) over vllm_flashinfer_prefill
-    if 1704 < total_seq_len <= 2232 and 48 < max_seq_len <= 5537:
+    # region 16: 2 workloads, 2.61x (2.49x .. 2.74x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 4449 and mean_seq_len > 540 and max_seq_len <= 1593:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 4449 and mean_seq_len > 540 and 1593 < max_seq_len <= 4095:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 18: 3 workloads, 2.62x (1.98x .. 3.37x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 529:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 19 workloads, 1.79x (1.16x .. 3.12x) over vllm_flashinfer_prefill
+    if 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and max_seq_len > 529:
         return 'flashinfer_direct'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1704 and mean_seq_len <= 362 and 9101 < max_seq_len <= 32576:
+    # region 20: 3 workloads, 1.68x (1.62x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 716 and num_seqs <= 181 and mean_seq_len <= 45 and max_seq_len > 627:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 9 workloads, 1.90x (1.20x .. 2.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 716 and mean_seq_len <= 45 and 22 < max_seq_len <= 627:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
+    if total_seq_len > 716 and mean_seq_len > 540 and 4095 < max_seq_len <= 5537:
         return 'flashinfer_direct'
-    # region 16: 4 workloads, 1.22x (1.16x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 1704 and mean_seq_len <= 724 and 5537 < max_seq_len <= 9101:
-        return 'flashinfer_direct'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1704 and max_seq_len > 32576:
+    # region 23: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 716 and mean_seq_len > 540 and max_seq_len > 5537:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1704 and mean_seq_len > 362 and 9101 < max_seq_len <= 32576:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1704 and mean_seq_len > 724 and 5537 < max_seq_len <= 9101:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 19 workloads, 1.58x (1.20x .. 2.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 2232 and max_seq_len <= 5537:
+    # region 24: 8 workloads, 1.80x (1.37x .. 3.56x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and mean_seq_len <= 45 and max_seq_len <= 22:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 3 workloads, 3.25x (2.61x .. 4.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 4449 and 540 < mean_seq_len <= 1572 and max_seq_len <= 4095:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 4449 and mean_seq_len > 1572 and max_seq_len <= 4095:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 29: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 16336:
         return 'flashinfer_direct'
+    # region 31: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 40
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 42
         return True
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 42
+    if total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and 74 < max_seq_len <= 250:  # region 46
         return True
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 44
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 48
         return True
-    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 50
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 50
+        return True
+    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 54
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T06:27:40Z
+# measured    up to 2026-11-30T15:10:09Z
 # workloads   132 (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,6 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/126  0.43x  [5 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/126  0.43x  [6 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/126  0.45x  [6 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  131/132  1.28x  [1 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  131/132  1.36x  [1 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.66x  [2 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.72x  [1 screened out]
@@ -25,6 +26,7 @@
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
@@ -34,56 +36,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.15% mean, 75.76% max;
-#             1.088x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.93% mean, 122.28% max;
-#             1.580x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.30% mean, 73.99% max;
+#             1.200x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 15.70% mean, 182.26% max;
+#             1.597x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 362 and num_seqs > 7 and mean_seq_len > 3: flashinfer_direct, 12 workloads, 1.07x (1.03x .. 1.09x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 397 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.57x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
+#   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 6 workloads, 1.13x (1.09x .. 1.15x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   5. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462: flashinfer_direct, 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 397 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 42 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   7. 168 < total_seq_len <= 724 and num_seqs > 18: cuda_prefill_staged.r64s4, 14 workloads, 1.38x (1.15x .. 1.54x) over vllm_flashinfer_prefill
+#   8. 168 < total_seq_len <= 771 and 7 < num_seqs <= 18: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 771 and num_seqs > 7 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 6 workloads, 1.43x (1.23x .. 1.51x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 45 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 7 and num_seqs <= 17 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and mean_seq_len > 5: cuda_prefill_pool_rows.k8c8, 14 workloads, 4.25x (1.49x .. 6.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 462 and num_seqs > 17 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.25x (1.15x .. 2.93x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 7 < total_seq_len <= 462 and num_seqs <= 17 and mean_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.87x (1.87x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 181 < total_seq_len <= 462 and num_seqs <= 1 and mean_seq_len > 5: flashinfer_direct, 2 workloads, 3.25x (3.19x .. 3.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   6. 181 < total_seq_len <= 462 and num_seqs > 1 and mean_seq_len > 5: triton_prefill_fused.c16v32, 9 workloads, 2.66x (1.65x .. 4.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   7. 462 < total_seq_len <= 7643: flashinfer_direct, 66 workloads, 1.70x (1.15x .. 3.77x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 7643 and num_seqs <= 4: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len > 7643 and num_seqs > 4: flashinfer_direct, 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 7 and num_seqs <= 7 and mean_seq_len <= 31: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 179 and mean_seq_len > 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.91x (3.65x .. 5.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 280 and num_seqs > 7 and mean_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 19 workloads, 2.19x (1.15x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 7 < total_seq_len <= 280 and num_seqs <= 7 and mean_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.05x (3.25x .. 6.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   5. 179 < total_seq_len <= 462 and mean_seq_len > 31: triton_prefill_fused.c16v32, 8 workloads, 3.31x (2.94x .. 4.38x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len > 280 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.19x .. 2.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 280 and 3 < mean_seq_len <= 31: cuda_prefill_staged.r64s4, 17 workloads, 1.56x (1.17x .. 2.30x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. 462 < total_seq_len <= 4876 and mean_seq_len > 970: cuda_prefill_staged.r64s4, 2 workloads, 3.33x (3.05x .. 3.64x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   9. 462 < total_seq_len <= 7643 and 31 < mean_seq_len <= 970: flashinfer_direct, 44 workloads, 1.88x (1.35x .. 3.77x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 31: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 31: flashinfer_direct, 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, None), 'total_seq_len': (None, 362)}, 'workloads': 12, 'speedup': (1.03, 1.07, 1.09), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, None), 'total_seq_len': (None, 397)}, 'workloads': 8, 'speedup': (1.21, 1.57, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.21, 1.65, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.09, 1.13, 1.15), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 10, 'speedup': (1.09, 1.59, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (7, 21), 'total_seq_len': (397, None)}, 'workloads': 10, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21), 'total_seq_len': (397, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (397, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (18, None), 'total_seq_len': (168, 724)}, 'workloads': 14, 'speedup': (1.15, 1.38, 1.54), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (7, 18), 'total_seq_len': (168, 771)}, 'workloads': 10, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (7, None), 'total_seq_len': (771, None)}, 'workloads': 6, 'speedup': (1.23, 1.43, 1.51), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (7, None), 'total_seq_len': (771, None)}, 'workloads': 45, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 17), 'total_seq_len': (None, 7)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (5, None), 'total_seq_len': (None, 181)}, 'workloads': 14, 'speedup': (1.49, 4.25, 6.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 462)}, 'workloads': 10, 'speedup': (1.15, 2.25, 2.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 17), 'total_seq_len': (7, 462)}, 'workloads': 5, 'speedup': (1.87, 2.87, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (None, 1), 'total_seq_len': (181, 462)}, 'workloads': 2, 'speedup': (3.19, 3.25, 3.32), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (1, None), 'total_seq_len': (181, 462)}, 'workloads': 9, 'speedup': (1.65, 2.66, 4.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'total_seq_len': (462, 7643)}, 'workloads': 66, 'speedup': (1.15, 1.7, 3.77), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 19, 'speedup': (1.16, 1.3, 1.59), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (None, 7), 'total_seq_len': (None, 7)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (31, None), 'total_seq_len': (None, 179)}, 'workloads': 6, 'speedup': (3.65, 4.91, 5.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (7, None), 'total_seq_len': (None, 280)}, 'workloads': 19, 'speedup': (1.15, 2.19, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (None, 7), 'total_seq_len': (7, 280)}, 'workloads': 6, 'speedup': (3.25, 5.05, 6.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (31, None), 'total_seq_len': (179, 462)}, 'workloads': 8, 'speedup': (2.94, 3.31, 4.38), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.19, 1.83, 2.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 31), 'total_seq_len': (280, None)}, 'workloads': 17, 'speedup': (1.17, 1.56, 2.3), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (970, None), 'total_seq_len': (462, 4876)}, 'workloads': 2, 'speedup': (3.05, 3.33, 3.64), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (31, 970), 'total_seq_len': (462, 7643)}, 'workloads': 44, 'speedup': (1.35, 1.88, 3.77), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (31, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (31, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 19, 'speedup': (1.16, 1.3, 1.59), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,32 +102,35 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill
     if total_seq_len <= 31 and num_seqs <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 12 workloads, 1.07x (1.03x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 7 and mean_seq_len > 3:
-        return 'flashinfer_direct'
-    # region 3: 8 workloads, 1.57x (1.21x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and num_seqs > 7 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 6 workloads, 1.13x (1.09x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 4: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
     if 31 < total_seq_len <= 90 and num_seqs <= 7:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 5: 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 6: 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 10 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len <= 90:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 14 workloads, 1.38x (1.15x .. 1.54x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 724 and num_seqs > 18:
+        return 'cuda_prefill_staged.r64s4'
+    # region 8: 10 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 771 and 7 < num_seqs <= 18:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and 7 < num_seqs <= 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 42 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and num_seqs > 21:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 6 workloads, 1.43x (1.23x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 771 and num_seqs > 7 and mean_seq_len <= 8:
+        return 'cuda_prefill_staged.r64s4'
+    # region 10: 45 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -129,31 +140,37 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 7 and num_seqs <= 17 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 14 workloads, 4.25x (1.49x .. 6.30x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len > 5:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 10 workloads, 2.25x (1.15x .. 2.93x) over vllm_flashinfer_prefill
-    if total_seq_len <= 462 and num_seqs > 17 and mean_seq_len <= 5:
+    if total_seq_len <= 7 and num_seqs <= 7 and mean_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 6 workloads, 4.91x (3.65x .. 5.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 179 and mean_seq_len > 31:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 19 workloads, 2.19x (1.15x .. 3.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 280 and num_seqs > 7 and mean_seq_len <= 31:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 5 workloads, 2.87x (1.87x .. 3.74x) over vllm_flashinfer_prefill
-    if 7 < total_seq_len <= 462 and num_seqs <= 17 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 2 workloads, 3.25x (3.19x .. 3.32x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and num_seqs <= 1 and mean_seq_len > 5:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
-    # region 6: 9 workloads, 2.66x (1.65x .. 4.38x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 462 and num_seqs > 1 and mean_seq_len > 5:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 66 workloads, 1.70x (1.15x .. 3.77x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 7643:
+    # region 4: 6 workloads, 5.05x (3.25x .. 6.30x) over vllm_flashinfer_prefill
+    if 7 < total_seq_len <= 280 and num_seqs <= 7 and mean_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 8 workloads, 3.31x (2.94x .. 4.38x) over vllm_flashinfer_prefill
+    if 179 < total_seq_len <= 462 and mean_seq_len > 31:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 4 workloads, 1.83x (1.19x .. 2.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 280 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 17 workloads, 1.56x (1.17x .. 2.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 280 and 3 < mean_seq_len <= 31:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 2 workloads, 3.33x (3.05x .. 3.64x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 4876 and mean_seq_len > 970:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 44 workloads, 1.88x (1.35x .. 3.77x) over vllm_flashinfer_prefill
+    if 462 < total_seq_len <= 7643 and 31 < mean_seq_len <= 970:
         return 'flashinfer_direct'
-    # region 8: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 4:
+    # region 10: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 31:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4:
+    # region 11: 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 31:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -163,171 +180,173 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.24% mean, 53.81% max;
-#             1.155x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.20% mean, 122.28% max;
-#             1.678x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.06% mean, 53.81% max;
+#             1.218x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.32% mean, 122.28% max;
+#             1.733x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   2. total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   4. total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   6. total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 19: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518: flashinfer_direct, 11 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1667: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   16. num_seqs > 34 and 3 < mean_seq_len <= 5 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.42x (1.37x .. 1.46x) over vllm_flashinfer_prefill
-#   17. num_seqs > 34 and mean_seq_len > 3 and max_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   18. num_seqs > 34 and mean_seq_len > 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.09x (1.08x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   19. num_seqs > 34 and mean_seq_len > 5 and 11 < max_seq_len <= 26: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   20. 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   21. 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 9: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   22. 63 < total_seq_len <= 969 and num_seqs <= 2: flashinfer_direct, 9 workloads, 2.24x (1.19x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   23. 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len <= 19: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   24. 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and 19 < max_seq_len <= 294: flashinfer_direct, 11 workloads, 3.63x (1.10x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   25. 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len > 294: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.36x (1.04x .. 2.33x) over vllm_flashinfer_prefill
-#   26. 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   27. 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 19: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, flashinfer_direct
-#   28. total_seq_len > 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19: triton_prefill_fused.c16v64, 2 workloads, 1.19x (1.18x .. 1.19x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   29. 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   30. 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and 32 < max_seq_len <= 73: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   31. 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 73: vllm_flashinfer_prefill (baseline), 0 workloads
-#   32. 181 < total_seq_len <= 724 and 21 < num_seqs <= 34 and mean_seq_len > 3: flashinfer_direct, 3 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 97: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.50x (1.33x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   34. total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 97: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. total_seq_len > 724 and 21 < num_seqs <= 34 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   36. 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 696: flashinfer_direct, 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   37. 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 696: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   38. 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len <= 4846: flashinfer_direct, 8 workloads, 2.02x (1.16x .. 3.57x) over vllm_flashinfer_prefill
-#   39. 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len > 4846: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 969 and num_seqs <= 2 and max_seq_len <= 2281: flashinfer_direct, 5 workloads, 1.53x (1.09x .. 2.14x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   41. total_seq_len > 969 and num_seqs <= 2 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   42. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956: flashinfer_direct, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   43. total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   44. total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   45. total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   46. total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   47. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   48. total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   49. total_seq_len > 10776 and 2 < num_seqs <= 4 and max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   50. total_seq_len > 10776 and 2 < num_seqs <= 4 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
+#   2. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64
+#   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   11. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: flashinfer_direct, 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 2281: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   14. num_seqs <= 3 and 8 < mean_seq_len <= 90 and max_seq_len <= 44: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   15. num_seqs <= 3 and 8 < mean_seq_len <= 90 and 44 < max_seq_len <= 2281: flashinfer_direct, 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   16. num_seqs <= 3 and mean_seq_len > 90 and max_seq_len <= 2281: flashinfer_direct, 13 workloads, 1.88x (1.09x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2281: flashinfer_direct, 19 workloads, 3.13x (1.16x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   18. 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   19. 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   20. 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   21. 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   22. num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830: cuda_prefill_staged.r64s4, 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
+#   23. num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166: cuda_prefill_staged.r64s4, 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
+#   25. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   26. num_seqs > 21 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   27. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   28. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
+#   30. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct
+#   31. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   33. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   36. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   37. 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 4846: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+#   38. 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4846: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   39. total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 31 and 3 < max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and 15 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.08x (6.08x .. 6.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 168 and num_seqs <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 168 and max_seq_len > 16: cuda_prefill_pool_rows.k8c8, 13 workloads, 3.70x (1.49x .. 5.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 168 and num_seqs > 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.96x (2.69x .. 3.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 31 < total_seq_len <= 168 and 3 < max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.85x (2.34x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 90 < total_seq_len <= 168 and 15 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. 168 < total_seq_len <= 362 and mean_seq_len > 22 and max_seq_len <= 121: cuda_prefill_pool_rows.k2c8, 1 workloads, 5.38x (5.38x .. 5.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. 168 < total_seq_len <= 969 and num_seqs <= 5 and 121 < max_seq_len <= 224: triton_prefill_fused.c16v32, 4 workloads, 3.53x (3.13x .. 4.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. 168 < total_seq_len <= 969 and num_seqs <= 5 and max_seq_len > 224: flashinfer_direct, 8 workloads, 2.98x (2.49x .. 3.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. 168 < total_seq_len <= 969 and mean_seq_len <= 11 and max_seq_len <= 121: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.16x (1.86x .. 2.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and max_seq_len <= 44: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and 44 < max_seq_len <= 121: triton_prefill_fused.c16v64, 2 workloads, 1.62x (1.51x .. 1.73x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   14. 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 121: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   15. 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 121: flashinfer_direct, 8 workloads, 1.55x (1.37x .. 1.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   16. 362 < total_seq_len <= 969 and mean_seq_len > 22 and max_seq_len <= 121: triton_prefill_fused.c16v64, 3 workloads, 1.76x (1.72x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len > 969 and num_seqs <= 5 and 5969 < max_seq_len <= 11494: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   18. total_seq_len > 969 and num_seqs <= 11 and 11494 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. total_seq_len > 969 and num_seqs <= 22 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. total_seq_len > 969 and mean_seq_len <= 5 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.86x (1.75x .. 1.98x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   21. total_seq_len > 969 and mean_seq_len <= 5 and 90 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 969 and 5 < mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.33x (1.25x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   23. total_seq_len > 969 and 5 < mean_seq_len <= 8 and 56 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 969 and mean_seq_len > 8 and max_seq_len <= 5969: flashinfer_direct, 55 workloads, 1.66x (1.16x .. 3.30x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 969 and num_seqs > 5 and 5969 < max_seq_len <= 11494: flashinfer_direct, 5 workloads, 1.21x (1.18x .. 1.27x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 969 and num_seqs > 11 and 11494 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   27. total_seq_len > 969 and num_seqs > 22 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 22 and num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 45 and num_seqs > 5 and 8 < max_seq_len <= 58: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 78 and num_seqs <= 5 and 21 < max_seq_len <= 58: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.27x (4.41x .. 5.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.26x (2.93x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and 1008 < max_seq_len <= 2016: cuda_prefill_staged.r64s4, 3 workloads, 1.37x (1.17x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 2016: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 58 < max_seq_len <= 255: cuda_prefill_staged.r64s4, 3 workloads, 2.06x (1.89x .. 2.20x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 255 < max_seq_len <= 382: flashinfer_direct, 2 workloads, 1.35x (1.31x .. 1.40x) over vllm_flashinfer_prefill
+#   13. num_seqs <= 5 and 58 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.60x (3.65x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. num_seqs <= 5 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   15. num_seqs <= 21 and 127 < max_seq_len <= 206: cuda_prefill_staged.r64s4, 8 workloads, 2.83x (1.54x .. 7.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. num_seqs <= 21 and 206 < max_seq_len <= 571: flashinfer_direct, 20 workloads, 2.44x (1.53x .. 3.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. num_seqs <= 21 and 571 < max_seq_len <= 910: cuda_prefill_staged.r64s4, 5 workloads, 2.25x (1.55x .. 4.20x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. num_seqs <= 21 and 910 < max_seq_len <= 5969: flashinfer_direct, 16 workloads, 1.78x (1.30x .. 2.77x) over vllm_flashinfer_prefill
+#   19. 5 < num_seqs <= 21 and 5969 < max_seq_len <= 16372: flashinfer_direct, 2 workloads, 1.23x (1.19x .. 1.27x) over vllm_flashinfer_prefill
+#   20. 5 < num_seqs <= 21 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   21. 22 < total_seq_len <= 78 and num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.19x (6.08x .. 6.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. 45 < total_seq_len <= 78 and num_seqs > 5 and 8 < max_seq_len <= 58: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 78 < total_seq_len <= 181 and num_seqs <= 22 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.73x (2.73x .. 2.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 78 < total_seq_len <= 181 and num_seqs <= 22 and 21 < max_seq_len <= 58: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.78x (2.31x .. 5.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   25. 78 < total_seq_len <= 181 and 22 < num_seqs <= 71 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.51x (2.34x .. 2.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. 78 < total_seq_len <= 724 and num_seqs > 71 and 28 < max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   27. 78 < total_seq_len <= 1448 and num_seqs > 71 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.11x (1.75x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   28. 181 < total_seq_len <= 724 and 45 < num_seqs <= 71 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.26x (1.93x .. 2.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   29. total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 181 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 58: triton_prefill_fused.c16v64, 2 workloads, 1.62x (1.53x .. 1.72x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127: triton_prefill_fused.c16v64, 4 workloads, 1.70x (1.54x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008: cuda_prefill_staged.r64s4, 13 workloads, 1.63x (1.24x .. 2.30x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   33. total_seq_len > 724 and 45 < num_seqs <= 71 and max_seq_len <= 58: cuda_prefill_staged.r64s4, 2 workloads, 1.34x (1.32x .. 1.36x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 724 and num_seqs > 71 and 28 < max_seq_len <= 58: cuda_prefill_staged.r64s4, 2 workloads, 1.31x (1.22x .. 1.40x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 1448 and num_seqs > 71 and max_seq_len <= 28: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   36. 2896 < total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382: flashinfer_direct, 4 workloads, 1.29x (1.18x .. 1.40x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 1008: flashinfer_direct, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 58: flashinfer_direct, 3 workloads, 1.18x (1.16x .. 1.21x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (None, 1), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 63)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (1, 5), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 11), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (5, 8), 'total_seq_len': (None, 63)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (1.24, 1.39, 1.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (19, 518), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 1448)}, 'workloads': 11, 'speedup': (1.06, 1.08, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1667), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (3, 5), 'num_seqs': (34, None)}, 'workloads': 4, 'speedup': (1.37, 1.42, 1.46), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (3, None), 'num_seqs': (34, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, None), 'num_seqs': (34, None)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.1), 'fallbacks': (), 'hand_back': True},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11, 26), 'mean_seq_len': (5, None), 'num_seqs': (34, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (51, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (9, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (51, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (63, 969)}, 'workloads': 9, 'speedup': (1.19, 2.24, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'num_seqs': (2, 8), 'total_seq_len': (63, 969)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (19, 294), 'num_seqs': (2, 8), 'total_seq_len': (63, 969)}, 'workloads': 11, 'speedup': (1.1, 3.63, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (294, None), 'num_seqs': (2, 8), 'total_seq_len': (63, 969)}, 'workloads': 3, 'speedup': (1.04, 1.36, 2.33), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (78, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (78, 168)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.18, 1.19, 1.19), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (168, 280)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (32, 73), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (168, 280)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (73, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (168, 280)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (181, 724)}, 'workloads': 3, 'speedup': (1.05, 1.05, 1.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 97), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (280, None)}, 'workloads': 3, 'speedup': (1.33, 1.5, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (97, None), 'mean_seq_len': (None, 3), 'num_seqs': (8, None), 'total_seq_len': (280, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (21, 34), 'total_seq_len': (724, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 696), 'num_seqs': (4, 8), 'total_seq_len': (969, 1448)}, 'workloads': 2, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (696, None), 'num_seqs': (4, 8), 'total_seq_len': (969, 1448)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4846), 'num_seqs': (2, 4), 'total_seq_len': (969, 10776)}, 'workloads': 8, 'speedup': (1.16, 2.02, 3.57), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4846, None), 'num_seqs': (2, 4), 'total_seq_len': (969, 10776)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'num_seqs': (None, 2), 'total_seq_len': (969, None)}, 'workloads': 5, 'speedup': (1.09, 1.53, 2.14), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'num_seqs': (None, 2), 'total_seq_len': (969, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 956), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1081), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1794), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1794, None), 'num_seqs': (4, 8), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (19, 518), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (3, None), 'num_seqs': (8, 21), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'num_seqs': (2, 4), 'total_seq_len': (10776, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, None), 'num_seqs': (2, 4), 'total_seq_len': (10776, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (None, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (8, 90), 'num_seqs': (None, 3)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 2281), 'mean_seq_len': (8, 90), 'num_seqs': (None, 3)}, 'workloads': 1, 'speedup': (3.21, 3.21, 3.21), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (90, None), 'num_seqs': (None, 3)}, 'workloads': 13, 'speedup': (1.09, 1.88, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (8, None), 'num_seqs': (3, 4)}, 'workloads': 19, 'speedup': (1.16, 3.13, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.15, 1.23, 1.3), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, 898), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 166), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (166, None), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.31, 1.51), 'fallbacks': ()},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (1233, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4846), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, 10776)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4846, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, 10776)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 5969), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (10776, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (10776, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (3, 15), 'total_seq_len': (None, 31)}, 'workloads': 1, 'speedup': (6.26, 6.26, 6.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 16), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.08, 6.08, 6.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (None, 2), 'total_seq_len': (None, 168)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (None, 168)}, 'workloads': 13, 'speedup': (1.49, 3.7, 5.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (None, 168)}, 'workloads': 4, 'speedup': (2.69, 2.96, 3.25), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (3, 15), 'total_seq_len': (31, 168)}, 'workloads': 5, 'speedup': (2.34, 2.85, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (15, 16), 'total_seq_len': (90, 168)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 121), 'mean_seq_len': (22, None), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (5.38, 5.38, 5.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (121, 224), 'num_seqs': (None, 5), 'total_seq_len': (168, 969)}, 'workloads': 4, 'speedup': (3.13, 3.53, 4.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (224, None), 'num_seqs': (None, 5), 'total_seq_len': (168, 969)}, 'workloads': 8, 'speedup': (2.49, 2.98, 3.32), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 121), 'mean_seq_len': (None, 11), 'total_seq_len': (168, 969)}, 'workloads': 8, 'speedup': (1.86, 2.16, 2.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (11, 22), 'total_seq_len': (168, 969)}, 'workloads': 2, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (44, 121), 'mean_seq_len': (11, 22), 'total_seq_len': (168, 969)}, 'workloads': 2, 'speedup': (1.51, 1.62, 1.73), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (121, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (168, 969)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (121, None), 'mean_seq_len': (2, None), 'num_seqs': (5, None), 'total_seq_len': (168, 969)}, 'workloads': 8, 'speedup': (1.37, 1.55, 1.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 121), 'mean_seq_len': (22, None), 'total_seq_len': (362, 969)}, 'workloads': 3, 'speedup': (1.72, 1.76, 1.83), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, 11494), 'num_seqs': (None, 5), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (None, 11), 'total_seq_len': (969, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 22), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (None, 5), 'total_seq_len': (969, None)}, 'workloads': 2, 'speedup': (1.75, 1.86, 1.98), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, 5969), 'mean_seq_len': (None, 5), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (5, 8), 'total_seq_len': (969, None)}, 'workloads': 2, 'speedup': (1.25, 1.33, 1.42), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (56, 5969), 'mean_seq_len': (5, 8), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5969), 'mean_seq_len': (8, None), 'total_seq_len': (969, None)}, 'workloads': 55, 'speedup': (1.16, 1.66, 3.3), 'fallbacks': ()},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 11494), 'num_seqs': (5, None), 'total_seq_len': (969, None)}, 'workloads': 5, 'speedup': (1.18, 1.21, 1.27), 'fallbacks': ()},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11494, 18958), 'num_seqs': (11, None), 'total_seq_len': (969, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (22, None), 'total_seq_len': (969, None)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 58), 'num_seqs': (5, None), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 58), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (4.41, 5.27, 5.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (2.93, 3.26, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (58, 127), 'num_seqs': (5, 21), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.49, 1.49, 1.49), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (58, 1008), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (382, None), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1008, 2016), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (None, 5792)}, 'workloads': 3, 'speedup': (1.17, 1.37, 1.74), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2016, None), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, 255), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (None, 8980)}, 'workloads': 3, 'speedup': (1.89, 2.06, 2.2), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (255, 382), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (None, 8980)}, 'workloads': 2, 'speedup': (1.31, 1.35, 1.4), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (58, 127), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (3.65, 4.6, 5.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, None), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 206), 'num_seqs': (None, 21)}, 'workloads': 8, 'speedup': (1.54, 2.83, 7.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (206, 571), 'num_seqs': (None, 21)}, 'workloads': 20, 'speedup': (1.53, 2.44, 3.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (571, 910), 'num_seqs': (None, 21)}, 'workloads': 5, 'speedup': (1.55, 2.25, 4.2), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (910, 5969), 'num_seqs': (None, 21)}, 'workloads': 16, 'speedup': (1.3, 1.78, 2.77), 'fallbacks': ()},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 16372), 'num_seqs': (5, 21)}, 'workloads': 2, 'speedup': (1.19, 1.23, 1.27), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (5, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (None, 5), 'total_seq_len': (22, 78)}, 'workloads': 2, 'speedup': (6.08, 6.19, 6.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 58), 'num_seqs': (5, None), 'total_seq_len': (45, 78)}, 'workloads': 2, 'speedup': (1.9, 2.24, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (None, 22), 'total_seq_len': (78, 181)}, 'workloads': 1, 'speedup': (2.73, 2.73, 2.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 58), 'num_seqs': (None, 22), 'total_seq_len': (78, 181)}, 'workloads': 3, 'speedup': (2.31, 3.78, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'num_seqs': (22, 71), 'total_seq_len': (78, 181)}, 'workloads': 2, 'speedup': (2.34, 2.51, 2.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (28, 58), 'num_seqs': (71, None), 'total_seq_len': (78, 724)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'num_seqs': (71, None), 'total_seq_len': (78, 1448)}, 'workloads': 6, 'speedup': (1.75, 2.11, 2.75), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'num_seqs': (45, 71), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.93, 2.26, 2.6), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (22, None), 'num_seqs': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.53, 1.62, 1.72), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (58, 127), 'num_seqs': (5, 21), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.54, 1.7, 1.83), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, 1008), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (181, None)}, 'workloads': 13, 'speedup': (1.24, 1.63, 2.3), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 58), 'num_seqs': (45, 71), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.32, 1.34, 1.36), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 58), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.22, 1.31, 1.4), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 28), 'num_seqs': (71, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (382, None), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (2896, 8980)}, 'workloads': 4, 'speedup': (1.18, 1.29, 1.4), 'fallbacks': ()},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1008, None), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (58, None), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (8980, None)}, 'workloads': 3, 'speedup': (1.16, 1.18, 1.21), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -336,239 +355,241 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 1: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 1 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    if total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 6: 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 1 < num_seqs <= 5 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and 6 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 63 and 5 < num_seqs <= 8 and max_seq_len > 11:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 2 workloads, 1.39x (1.24x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and 21 < num_seqs <= 34 and mean_seq_len > 3 and max_seq_len > 19:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 11 workloads, 1.08x (1.06x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 14: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1667:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1667:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 4 workloads, 1.42x (1.37x .. 1.46x) over vllm_flashinfer_prefill
-    if num_seqs > 34 and 3 < mean_seq_len <= 5 and max_seq_len <= 26:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 22 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 34 and mean_seq_len > 3 and max_seq_len > 26:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 2 workloads, 1.09x (1.08x .. 1.10x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 34 and mean_seq_len > 5 and max_seq_len <= 11:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 34 and mean_seq_len > 5 and 11 < max_seq_len <= 26:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 51 < total_seq_len <= 78 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 9:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 9 workloads, 2.24x (1.19x .. 3.25x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 969 and num_seqs <= 2:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 23: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 11 workloads, 3.63x (1.10x .. 4.96x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and 19 < max_seq_len <= 294:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 25: 3 workloads, 1.36x (1.04x .. 2.33x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 969 and 2 < num_seqs <= 8 and max_seq_len > 294:
+    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 26: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 168 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 19:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 28: 2 workloads, 1.19x (1.18x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len <= 19:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 280 and num_seqs > 8 and mean_seq_len <= 3 and 32 < max_seq_len <= 73:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 32: 3 workloads, 1.05x (1.05x .. 1.05x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and 21 < num_seqs <= 34 and mean_seq_len > 3:
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898:
+        return 'cuda_prefill_staged.r64s4'
+    # region 11: 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 33: 3 workloads, 1.50x (1.33x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len <= 97:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 280 and num_seqs > 8 and mean_seq_len <= 3 and max_seq_len > 97:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and 21 < num_seqs <= 34 and mean_seq_len > 3:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 2 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len <= 696:
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 2281:
         return 'flashinfer_direct'
-    # region 37: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 1448 and 4 < num_seqs <= 8 and max_seq_len > 696:
+    # region 14: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and 8 < mean_seq_len <= 90 and max_seq_len <= 44:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and 8 < mean_seq_len <= 90 and 44 < max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'flashinfer_direct'
+    # region 16: 13 workloads, 1.88x (1.09x .. 3.25x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and mean_seq_len > 90 and max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 19 workloads, 3.13x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 18: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 38: 8 workloads, 2.02x (1.16x .. 3.57x) over vllm_flashinfer_prefill
-    if 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len <= 4846:
+    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1081:
         return 'flashinfer_direct'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 969 < total_seq_len <= 10776 and 2 < num_seqs <= 4 and max_seq_len > 4846:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 5 workloads, 1.53x (1.09x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and num_seqs <= 2 and max_seq_len <= 2281:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 969 and num_seqs <= 2 and max_seq_len > 2281:
+    # region 21: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1081:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830:
+        return 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166:
+        return 'cuda_prefill_staged.r64s4'
+    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 29: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 2 < mean_seq_len <= 8:
+        return 'cuda_prefill_staged.r64s4'
+    # region 32: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 33: 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13:
+        return 'cuda_prefill_staged.r64s4'
+    # region 34: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
+        return 'flashinfer_direct'
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+    if 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 4846:
+        return 'flashinfer_direct'
+    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4846:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 5969:
+        return 'flashinfer_direct'
+    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 5969:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len <= 956:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 956 < max_seq_len <= 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and 1081 < max_seq_len <= 1794:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 4 < num_seqs <= 8 and max_seq_len > 1794:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 19 < max_seq_len <= 518:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and 518 < max_seq_len <= 1081:
-        return 'flashinfer_direct'
-    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 8 < num_seqs <= 21 and mean_seq_len > 3 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 10776 and 2 < num_seqs <= 4 and max_seq_len <= 5969:
-        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 6.26x (6.26x .. 6.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and 3 < max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 6.08x (6.08x .. 6.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 15 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and num_seqs <= 5 and 4 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and num_seqs > 5 and 8 < max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 3: 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 13 workloads, 3.70x (1.49x .. 5.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and max_seq_len > 16:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 4 workloads, 2.96x (2.69x .. 3.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 5 workloads, 2.85x (2.34x .. 3.74x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 168 and 3 < max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if 90 < total_seq_len <= 168 and 15 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 1 workloads, 5.38x (5.38x .. 5.38x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 362 and mean_seq_len > 22 and max_seq_len <= 121:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 4 workloads, 3.53x (3.13x .. 4.14x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and num_seqs <= 5 and 121 < max_seq_len <= 224:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 8 workloads, 2.98x (2.49x .. 3.32x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and num_seqs <= 5 and max_seq_len > 224:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 11: 8 workloads, 2.16x (1.86x .. 2.61x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and mean_seq_len <= 11 and max_seq_len <= 121:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and max_seq_len <= 44:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 2 workloads, 1.62x (1.51x .. 1.73x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and 11 < mean_seq_len <= 22 and 44 < max_seq_len <= 121:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 14: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 121:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 8 workloads, 1.55x (1.37x .. 1.66x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 969 and num_seqs > 5 and mean_seq_len > 2 and max_seq_len > 121:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 3 workloads, 1.76x (1.72x .. 1.83x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 969 and mean_seq_len > 22 and max_seq_len <= 121:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 969 and num_seqs <= 5 and 5969 < max_seq_len <= 11494:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 969 and num_seqs <= 22 and max_seq_len > 18958:
+    if total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 4 workloads, 5.27x (4.41x .. 5.77x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs <= 5 and 21 < max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 3.26x (2.93x .. 3.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 3 workloads, 1.37x (1.17x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and 1008 < max_seq_len <= 2016:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 2016:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 11: 3 workloads, 2.06x (1.89x .. 2.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 58 < max_seq_len <= 255:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 2 workloads, 1.35x (1.31x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 255 < max_seq_len <= 382:
+        return 'flashinfer_direct'
+    # region 13: 3 workloads, 4.60x (3.65x .. 5.22x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 58 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and max_seq_len > 5969:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 2 workloads, 1.86x (1.75x .. 1.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and mean_seq_len <= 5 and max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and mean_seq_len <= 5 and 90 < max_seq_len <= 5969:
+    # region 15: 8 workloads, 2.83x (1.54x .. 7.06x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 127 < max_seq_len <= 206:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 20 workloads, 2.44x (1.53x .. 3.32x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 206 < max_seq_len <= 571:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 2 workloads, 1.33x (1.25x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and 5 < mean_seq_len <= 8 and max_seq_len <= 56:
-        return ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and 5 < mean_seq_len <= 8 and 56 < max_seq_len <= 5969:
+    # region 17: 5 workloads, 2.25x (1.55x .. 4.20x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 571 < max_seq_len <= 910:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 16 workloads, 1.78x (1.30x .. 2.77x) over vllm_flashinfer_prefill
+    if num_seqs <= 21 and 910 < max_seq_len <= 5969:
+        return 'flashinfer_direct'
+    # region 19: 2 workloads, 1.23x (1.19x .. 1.27x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 21 and 5969 < max_seq_len <= 16372:
+        return 'flashinfer_direct'
+    # region 21: 2 workloads, 6.19x (6.08x .. 6.30x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 78 and num_seqs <= 5 and 4 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 22: 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 78 and num_seqs > 5 and 8 < max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 23: 1 workloads, 2.73x (2.73x .. 2.73x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 181 and num_seqs <= 22 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 3 workloads, 3.78x (2.31x .. 5.02x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 181 and num_seqs <= 22 and 21 < max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 25: 2 workloads, 2.51x (2.34x .. 2.69x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 181 and 22 < num_seqs <= 71 and max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 724 and num_seqs > 71 and 28 < max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 6 workloads, 2.11x (1.75x .. 2.75x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 1448 and num_seqs > 71 and max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 4 workloads, 2.26x (1.93x .. 2.60x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and 45 < num_seqs <= 71 and max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 58:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 30: 2 workloads, 1.62x (1.53x .. 1.72x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 58:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 31: 4 workloads, 1.70x (1.54x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 32: 13 workloads, 1.63x (1.24x .. 2.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 33: 2 workloads, 1.34x (1.32x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 45 < num_seqs <= 71 and max_seq_len <= 58:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 34: 2 workloads, 1.31x (1.22x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 71 and 28 < max_seq_len <= 58:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 71 and max_seq_len <= 28:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 36: 4 workloads, 1.29x (1.18x .. 1.40x) over vllm_flashinfer_prefill
+    if 2896 < total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382:
+        return 'flashinfer_direct'
+    # region 37: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 1008:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 55 workloads, 1.66x (1.16x .. 3.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and mean_seq_len > 8 and max_seq_len <= 5969:
-        return 'flashinfer_direct'
-    # region 25: 5 workloads, 1.21x (1.18x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and num_seqs > 5 and 5969 < max_seq_len <= 11494:
-        return 'flashinfer_direct'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 969 and num_seqs > 11 and 11494 < max_seq_len <= 18958:
-        return 'flashinfer_direct'
-    # region 27: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
-    if total_seq_len > 969 and num_seqs > 22 and max_seq_len > 18958:
+    # region 38: 3 workloads, 1.18x (1.16x .. 1.21x) over vllm_flashinfer_prefill
+    if total_seq_len > 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 58:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
-
-
-def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs > 34 and mean_seq_len > 5 and max_seq_len <= 11:  # region 18
-        return True
-    return False
