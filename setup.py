@@ -35,7 +35,7 @@ setup(
         "triton": ["triton"],
         "cuda": ["cuda-python", "nvidia-cuda-nvrtc"],
         "tune": ["flashinfer-bench", "matplotlib"],
-        "test": ["pytest", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "safetensors"],
+        "test": ["pytest", "pytest-xdist", "triton", "cuda-python", "nvidia-cuda-nvrtc", "flashinfer-bench", "safetensors"],
     },
     entry_points={
         "console_scripts": ["kdispatch = kdispatch.cli:main"],
