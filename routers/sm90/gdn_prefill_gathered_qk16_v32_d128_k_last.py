@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T15:07:17Z
+# measured    up to 2026-11-30T17:03:34Z
 # workloads   132 (workload-set digest 0a43ec6698a623cf)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 4.08% mean, 38.45% max;
 #             1.151x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.30% mean, 222.45% max;
-#             1.461x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.18% mean, 101.27% max;
+#             1.661x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 319 and 3 < num_seqs <= 5: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
@@ -52,16 +52,15 @@
 #   9. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 36 and mean_seq_len <= 29: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.74x (6.09x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 84 and num_seqs <= 3 and mean_seq_len > 29: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.30x (4.66x .. 6.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 26522 and 3 < num_seqs <= 80 and mean_seq_len > 29: flashinfer_direct, 64 workloads, 1.46x (1.17x .. 1.80x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 26522 and num_seqs > 80 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   5. 36 < total_seq_len <= 241 and mean_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.22x (1.43x .. 2.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   6. 84 < total_seq_len <= 9085 and num_seqs <= 3 and mean_seq_len > 29: cuda_prefill_staged.r64s4, 15 workloads, 3.08x (1.63x .. 5.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 241 < total_seq_len <= 362 and mean_seq_len <= 29: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.69x (1.30x .. 1.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 362 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.81x (1.77x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 362 and 3 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 17 workloads, 1.67x (1.22x .. 2.68x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len > 26522 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 150 and num_seqs <= 3: cuda_prefill_pool_rows.k8c8, 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 150 and num_seqs > 3: cuda_prefill_pool_rows.k2c8, 17 workloads, 2.74x (1.62x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   3. 150 < total_seq_len <= 451 and num_seqs <= 17: triton_prefill_fused.c16v64, 12 workloads, 2.35x (1.60x .. 3.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
+#   4. 150 < total_seq_len <= 451 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.16x (1.87x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. 451 < total_seq_len <= 26522 and mean_seq_len > 29: flashinfer_direct, 69 workloads, 1.67x (1.15x .. 3.67x) over vllm_flashinfer_prefill
+#   6. total_seq_len > 451 and num_seqs <= 45 and 3 < mean_seq_len <= 29: triton_prefill_fused.c16v64, 4 workloads, 1.60x (1.36x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   7. total_seq_len > 451 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.02x (1.83x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 451 and num_seqs > 45 and 3 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 13 workloads, 1.56x (1.41x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 26522 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -78,16 +77,15 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (None, 36)}, 'workloads': 3, 'speedup': (6.09, 6.74, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 84)}, 'workloads': 2, 'speedup': (4.66, 5.3, 6.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (3, 80), 'total_seq_len': (None, 26522)}, 'workloads': 64, 'speedup': (1.17, 1.46, 1.8), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (80, None), 'total_seq_len': (None, 26522)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (36, 241)}, 'workloads': 15, 'speedup': (1.43, 2.22, 2.7), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (84, 9085)}, 'workloads': 15, 'speedup': (1.63, 3.08, 5.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 29), 'total_seq_len': (241, 362)}, 'workloads': 6, 'speedup': (1.3, 1.69, 1.95), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.77, 1.81, 1.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 29), 'total_seq_len': (362, None)}, 'workloads': 17, 'speedup': (1.22, 1.67, 2.68), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'total_seq_len': (26522, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 150)}, 'workloads': 7, 'speedup': (4.36, 6.89, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 150)}, 'workloads': 17, 'speedup': (1.62, 2.74, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (150, 451)}, 'workloads': 12, 'speedup': (1.6, 2.35, 3.97), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (150, 451)}, 'workloads': 4, 'speedup': (1.87, 2.16, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (29, None), 'total_seq_len': (451, 26522)}, 'workloads': 69, 'speedup': (1.15, 1.67, 3.67), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 29), 'num_seqs': (None, 45), 'total_seq_len': (451, None)}, 'workloads': 4, 'speedup': (1.36, 1.6, 1.77), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (451, None)}, 'workloads': 4, 'speedup': (1.83, 2.02, 2.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 29), 'num_seqs': (45, None), 'total_seq_len': (451, None)}, 'workloads': 13, 'speedup': (1.41, 1.56, 1.62), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'total_seq_len': (26522, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -132,34 +130,31 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 6.74x (6.09x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and mean_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 2 workloads, 5.30x (4.66x .. 6.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 84 and num_seqs <= 3 and mean_seq_len > 29:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 64 workloads, 1.46x (1.17x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 26522 and 3 < num_seqs <= 80 and mean_seq_len > 29:
+    # region 1: 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 150 and num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 17 workloads, 2.74x (1.62x .. 3.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 150 and num_seqs > 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 12 workloads, 2.35x (1.60x .. 3.97x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 451 and num_seqs <= 17:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 4 workloads, 2.16x (1.87x .. 2.58x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 451 and num_seqs > 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 69 workloads, 1.67x (1.15x .. 3.67x) over vllm_flashinfer_prefill
+    if 451 < total_seq_len <= 26522 and mean_seq_len > 29:
         return 'flashinfer_direct'
-    # region 4: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 26522 and num_seqs > 80 and mean_seq_len > 29:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 5: 15 workloads, 2.22x (1.43x .. 2.70x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 241 and mean_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 15 workloads, 3.08x (1.63x .. 5.31x) over vllm_flashinfer_prefill
-    if 84 < total_seq_len <= 9085 and num_seqs <= 3 and mean_seq_len > 29:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 6 workloads, 1.69x (1.30x .. 1.95x) over vllm_flashinfer_prefill
-    if 241 < total_seq_len <= 362 and mean_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 4 workloads, 1.81x (1.77x .. 1.87x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 17 workloads, 1.67x (1.22x .. 2.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 3 < mean_seq_len <= 29:
+    # region 6: 4 workloads, 1.60x (1.36x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 451 and num_seqs <= 45 and 3 < mean_seq_len <= 29:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 4 workloads, 2.02x (1.83x .. 2.15x) over vllm_flashinfer_prefill
+    if total_seq_len > 451 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 13 workloads, 1.56x (1.41x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 451 and num_seqs > 45 and 3 < mean_seq_len <= 29:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 26522 and mean_seq_len > 29:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -172,8 +167,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.28% mean, 72.00% max;
 #             1.152x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.08% mean, 95.55% max;
-#             1.545x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.30% mean, 45.09% max;
+#             1.744x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
@@ -208,38 +203,37 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   31. 3821 < total_seq_len <= 5792 and num_seqs <= 3: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 #   32. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 41 and num_seqs <= 1 and mean_seq_len <= 14 and max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.09x (6.83x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 45 and 14 < mean_seq_len <= 29 and max_seq_len <= 43: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.09x (6.09x .. 6.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.02x (6.02x .. 6.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 106 and mean_seq_len > 29 and max_seq_len > 50: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.52x (4.38x .. 4.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 181 and 14 < mean_seq_len <= 29 and max_seq_len > 43: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 32: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.99x (1.99x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.35x (2.11x .. 2.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
-#   10. mean_seq_len <= 2 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 2 < mean_seq_len <= 14 and max_seq_len > 104: cuda_prefill_staged.r64s4, 5 workloads, 1.53x (1.22x .. 1.82x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and 5 < max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   14. 41 < total_seq_len <= 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.18x (1.77x .. 2.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len > 41 and mean_seq_len <= 14 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.06x (1.73x .. 2.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.23x (2.03x .. 2.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   17. 45 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len <= 43: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.23x (1.87x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 106 < total_seq_len <= 181 and mean_seq_len > 29 and 50 < max_seq_len <= 125: triton_prefill_fused.c16v64, 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   19. 106 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len > 125: triton_prefill_fused.c16v32, 1 workloads, 3.72x (3.72x .. 3.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. 181 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len > 43: triton_prefill_fused.c16v64, 2 workloads, 1.59x (1.49x .. 1.70x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 181 < total_seq_len <= 3054 and num_seqs <= 3 and mean_seq_len > 29: cuda_prefill_staged.r64s4, 12 workloads, 3.08x (1.91x .. 5.31x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104: cuda_prefill_staged.r64s4, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 181 and num_seqs > 3 and 29 < mean_seq_len <= 724 and max_seq_len > 8000: flashinfer_direct, 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 7170: flashinfer_direct, 62 workloads, 1.44x (1.11x .. 1.80x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and 7170 < max_seq_len <= 8000: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   26. total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 724 and max_seq_len > 8000: vllm_flashinfer_prefill (baseline), 0 workloads
-#   27. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 32: cuda_prefill_staged.r64s4, 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 2.02x (2.00x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct
-#   29. total_seq_len > 362 and 14 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 7 workloads, 1.74x (1.28x .. 2.68x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   30. total_seq_len > 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.34x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len <= 11584: flashinfer_direct, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len > 11584: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 58 and num_seqs <= 5 and 13 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 58 and num_seqs > 5 and 13 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 22 and 63 < max_seq_len <= 224: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.48x (4.36x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 181 and num_seqs <= 45 and mean_seq_len <= 22 and 63 < max_seq_len <= 124: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len > 124: triton_prefill_fused.c16v64, 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 451 and mean_seq_len > 22 and 224 < max_seq_len <= 255: flashinfer_direct, 2 workloads, 1.83x (1.69x .. 1.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 451 and mean_seq_len > 22 and max_seq_len > 255: triton_prefill_fused.c16v32, 2 workloads, 2.65x (1.75x .. 4.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 451 and num_seqs > 2 and mean_seq_len > 22 and 63 < max_seq_len <= 75: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   10. total_seq_len <= 451 and num_seqs > 2 and mean_seq_len > 22 and 75 < max_seq_len <= 224: triton_prefill_fused.c16v64, 2 workloads, 1.81x (1.78x .. 1.84x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   11. num_seqs > 45 and mean_seq_len <= 2 and 63 < max_seq_len <= 897: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.09x (1.92x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs > 45 and mean_seq_len <= 22 and max_seq_len > 897: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.41x .. 1.61x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. num_seqs > 45 and 2 < mean_seq_len <= 22 and 63 < max_seq_len <= 897: cuda_prefill_staged.r64s4, 4 workloads, 1.56x (1.47x .. 1.60x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. 5 < total_seq_len <= 58 and max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   15. 58 < total_seq_len <= 64 and num_seqs <= 11 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.85x (2.60x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   16. 58 < total_seq_len <= 64 and num_seqs <= 11 and 28 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   17. 58 < total_seq_len <= 64 and num_seqs > 11 and max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.82x (2.72x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   18. 64 < total_seq_len <= 789 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 18 workloads, 2.34x (1.54x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   19. 181 < total_seq_len <= 451 and num_seqs <= 2 and mean_seq_len > 22 and 63 < max_seq_len <= 224: triton_prefill_fused.c16v64, 3 workloads, 3.62x (3.42x .. 3.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   20. total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and 63 < max_seq_len <= 124: triton_prefill_fused.c16v64, 2 workloads, 1.76x (1.75x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   21. total_seq_len > 362 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len > 124: flashinfer_direct, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   22. 451 < total_seq_len <= 878 and mean_seq_len > 22 and 63 < max_seq_len <= 151: triton_prefill_fused.c16v64, 3 workloads, 1.98x (1.83x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   23. 451 < total_seq_len <= 878 and mean_seq_len > 22 and max_seq_len > 151: flashinfer_direct, 7 workloads, 1.96x (1.57x .. 3.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 789 < total_seq_len <= 1357 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 789 and 25 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 5 workloads, 1.50x (1.41x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. total_seq_len > 789 and mean_seq_len > 11 and max_seq_len <= 25: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and 63 < max_seq_len <= 16383: flashinfer_direct, 36 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and max_seq_len > 16383: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   29. total_seq_len > 878 and num_seqs > 19 and mean_seq_len > 22 and 63 < max_seq_len <= 23080: flashinfer_direct, 20 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 878 and num_seqs > 19 and mean_seq_len > 22 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
+#   31. total_seq_len > 1357 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.57x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
@@ -277,38 +271,37 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 14), 'num_seqs': (1, None), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 14), 'num_seqs': (None, 1), 'total_seq_len': (None, 41)}, 'workloads': 2, 'speedup': (6.83, 7.09, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (14, 29), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.09, 6.09, 6.09), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.02, 6.02, 6.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (50, None), 'mean_seq_len': (29, None), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (4.38, 4.52, 4.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (41, 104), 'mean_seq_len': (2, 14), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (14, 29), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (1.99, 1.99, 1.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 41), 'mean_seq_len': (2, 14), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.11, 2.35, 2.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 32), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (2, 14)}, 'workloads': 5, 'speedup': (1.22, 1.53, 1.82), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 14), 'num_seqs': (1, None), 'total_seq_len': (22, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 16), 'mean_seq_len': (None, 14), 'num_seqs': (1, None), 'total_seq_len': (22, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 16), 'mean_seq_len': (None, 14), 'total_seq_len': (41, 724)}, 'workloads': 8, 'speedup': (1.77, 2.18, 2.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 14), 'total_seq_len': (41, None)}, 'workloads': 6, 'speedup': (1.73, 2.06, 2.68), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (45, 181)}, 'workloads': 2, 'speedup': (2.03, 2.23, 2.46), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 43), 'mean_seq_len': (14, 29), 'total_seq_len': (45, 362)}, 'workloads': 3, 'speedup': (1.87, 2.23, 2.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (50, 125), 'mean_seq_len': (29, None), 'total_seq_len': (106, 181)}, 'workloads': 1, 'speedup': (1.65, 1.65, 1.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, None), 'mean_seq_len': (29, None), 'total_seq_len': (106, 181)}, 'workloads': 1, 'speedup': (3.72, 3.72, 3.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (43, None), 'mean_seq_len': (14, 29), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (1.49, 1.59, 1.7), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (181, 3054)}, 'workloads': 12, 'speedup': (1.91, 3.08, 5.31), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, 104), 'mean_seq_len': (2, 14), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8000, None), 'mean_seq_len': (29, 724), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 1, 'speedup': (1.19, 1.19, 1.19), 'fallbacks': ()},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 62, 'speedup': (1.11, 1.44, 1.8), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7170, 8000), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8000, None), 'mean_seq_len': (724, None), 'num_seqs': (3, None), 'total_seq_len': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (2.08, 2.08, 2.08), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 41), 'mean_seq_len': (2, 14), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.0, 2.02, 2.04), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (14, 29), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.28, 1.74, 2.68), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 16), 'mean_seq_len': (None, 14), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.34, 1.57, 1.84), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 11584), 'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (3054, None)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11584, None), 'mean_seq_len': (29, None), 'num_seqs': (None, 3), 'total_seq_len': (3054, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (9.0, 9.0, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 63), 'num_seqs': (None, 5), 'total_seq_len': (None, 58)}, 'workloads': 3, 'speedup': (7.11, 7.91, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 63), 'num_seqs': (5, None), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 224), 'mean_seq_len': (22, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (4.36, 5.48, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 124), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (124, None), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.0, 2.0, 2.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (224, 255), 'mean_seq_len': (22, None), 'total_seq_len': (None, 451)}, 'workloads': 2, 'speedup': (1.69, 1.83, 1.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (255, None), 'mean_seq_len': (22, None), 'total_seq_len': (None, 451)}, 'workloads': 2, 'speedup': (1.75, 2.65, 4.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (63, 75), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 451)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (75, 224), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (None, 451)}, 'workloads': 2, 'speedup': (1.78, 1.81, 1.84), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 897), 'mean_seq_len': (None, 2), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.92, 2.09, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (897, None), 'mean_seq_len': (None, 22), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (1.41, 1.51, 1.61), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 897), 'mean_seq_len': (2, 22), 'num_seqs': (45, None)}, 'workloads': 4, 'speedup': (1.47, 1.56, 1.6), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (5, 58)}, 'workloads': 1, 'speedup': (4.11, 4.11, 4.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'num_seqs': (None, 11), 'total_seq_len': (58, 64)}, 'workloads': 2, 'speedup': (2.6, 2.85, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (28, 63), 'num_seqs': (None, 11), 'total_seq_len': (58, 64)}, 'workloads': 1, 'speedup': (2.91, 2.91, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (11, None), 'total_seq_len': (58, 64)}, 'workloads': 3, 'speedup': (2.72, 2.82, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'total_seq_len': (64, 789)}, 'workloads': 18, 'speedup': (1.54, 2.34, 3.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 224), 'mean_seq_len': (22, None), 'num_seqs': (None, 2), 'total_seq_len': (181, 451)}, 'workloads': 3, 'speedup': (3.42, 3.62, 3.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 124), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.75, 1.76, 1.77), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (124, None), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 151), 'mean_seq_len': (22, None), 'total_seq_len': (451, 878)}, 'workloads': 3, 'speedup': (1.83, 1.98, 2.13), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (151, None), 'mean_seq_len': (22, None), 'total_seq_len': (451, 878)}, 'workloads': 7, 'speedup': (1.57, 1.96, 3.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (789, 1357)}, 'workloads': 2, 'speedup': (1.69, 1.73, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (25, 63), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.41, 1.5, 1.62), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'total_seq_len': (789, None)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 16383), 'mean_seq_len': (22, None), 'num_seqs': (None, 19), 'total_seq_len': (878, None)}, 'workloads': 36, 'speedup': (1.23, 1.8, 3.67), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16383, None), 'mean_seq_len': (22, None), 'num_seqs': (None, 19), 'total_seq_len': (878, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 23080), 'mean_seq_len': (22, None), 'num_seqs': (19, None), 'total_seq_len': (878, None)}, 'workloads': 20, 'speedup': (1.12, 1.37, 1.65), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'mean_seq_len': (22, None), 'num_seqs': (19, None), 'total_seq_len': (878, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (1357, None)}, 'workloads': 2, 'speedup': (1.57, 1.57, 1.58), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -416,97 +409,94 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 2 workloads, 7.09x (6.83x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and num_seqs <= 1 and mean_seq_len <= 14 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 6.09x (6.09x .. 6.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 14 < mean_seq_len <= 29 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 1 workloads, 6.02x (6.02x .. 6.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 2 workloads, 4.52x (4.38x .. 4.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 106 and mean_seq_len > 29 and max_seq_len > 50:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 14 < mean_seq_len <= 29 and max_seq_len > 43:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 1 workloads, 1.99x (1.99x .. 1.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 32:
+    # region 1: 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and num_seqs <= 5 and 13 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 58 and num_seqs > 5 and 13 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 3 workloads, 5.48x (4.36x .. 6.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 22 and 63 < max_seq_len <= 224:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 45 and mean_seq_len <= 22 and 63 < max_seq_len <= 124:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len > 124:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 2 workloads, 1.83x (1.69x .. 1.97x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and mean_seq_len > 22 and 224 < max_seq_len <= 255:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 2 workloads, 2.65x (1.75x .. 4.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and mean_seq_len > 22 and max_seq_len > 255:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs > 2 and mean_seq_len > 22 and 63 < max_seq_len <= 75:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 2 workloads, 1.81x (1.78x .. 1.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs > 2 and mean_seq_len > 22 and 75 < max_seq_len <= 224:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 2 workloads, 2.09x (1.92x .. 2.28x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len <= 2 and 63 < max_seq_len <= 897:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 2 workloads, 2.35x (2.11x .. 2.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if mean_seq_len <= 2 and 16 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 5 workloads, 1.53x (1.22x .. 1.82x) over vllm_flashinfer_prefill
-    if 2 < mean_seq_len <= 14 and max_seq_len > 104:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 41 and num_seqs > 1 and mean_seq_len <= 14 and 5 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 8 workloads, 2.18x (1.77x .. 2.70x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 6 workloads, 2.06x (1.73x .. 2.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 41 and mean_seq_len <= 14 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 2.23x (2.03x .. 2.46x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 3 workloads, 2.23x (1.87x .. 2.66x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len <= 43:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 1 workloads, 1.65x (1.65x .. 1.65x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 181 and mean_seq_len > 29 and 50 < max_seq_len <= 125:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 1 workloads, 3.72x (3.72x .. 3.72x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len > 125:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 2 workloads, 1.59x (1.49x .. 1.70x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and 14 < mean_seq_len <= 29 and max_seq_len > 43:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 12 workloads, 3.08x (1.91x .. 5.31x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3054 and num_seqs <= 3 and mean_seq_len > 29:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 2 < mean_seq_len <= 14 and 41 < max_seq_len <= 104:
+    # region 12: 2 workloads, 1.51x (1.41x .. 1.61x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len <= 22 and max_seq_len > 897:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 1.19x (1.19x .. 1.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 3 and 29 < mean_seq_len <= 724 and max_seq_len > 8000:
-        return 'flashinfer_direct'
-    # region 24: 62 workloads, 1.44x (1.11x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 7170:
-        return 'flashinfer_direct'
-    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs > 3 and mean_seq_len > 29 and 7170 < max_seq_len <= 8000:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 1 workloads, 2.08x (2.08x .. 2.08x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 32:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 2 workloads, 2.02x (2.00x .. 2.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 2 < mean_seq_len <= 14 and 16 < max_seq_len <= 41:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 7 workloads, 1.74x (1.28x .. 2.68x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 14 < mean_seq_len <= 29:
+    # region 13: 4 workloads, 1.56x (1.47x .. 1.60x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and 2 < mean_seq_len <= 22 and 63 < max_seq_len <= 897:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 2 workloads, 1.57x (1.34x .. 1.84x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and mean_seq_len <= 14 and 4 < max_seq_len <= 16:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 31: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len <= 11584:
+    # region 14: 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill
+    if 5 < total_seq_len <= 58 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 2 workloads, 2.85x (2.60x .. 3.14x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 64 and num_seqs <= 11 and max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 1 workloads, 2.91x (2.91x .. 2.91x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 64 and num_seqs <= 11 and 28 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 17: 3 workloads, 2.82x (2.72x .. 2.89x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 64 and num_seqs > 11 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 18 workloads, 2.34x (1.54x .. 3.41x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 789 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 3 workloads, 3.62x (3.42x .. 3.94x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 451 and num_seqs <= 2 and mean_seq_len > 22 and 63 < max_seq_len <= 224:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 20: 2 workloads, 1.76x (1.75x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and 63 < max_seq_len <= 124:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len > 124:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
+    # region 22: 3 workloads, 1.98x (1.83x .. 2.13x) over vllm_flashinfer_prefill
+    if 451 < total_seq_len <= 878 and mean_seq_len > 22 and 63 < max_seq_len <= 151:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 23: 7 workloads, 1.96x (1.57x .. 3.44x) over vllm_flashinfer_prefill
+    if 451 < total_seq_len <= 878 and mean_seq_len > 22 and max_seq_len > 151:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 24: 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill
+    if 789 < total_seq_len <= 1357 and mean_seq_len <= 11 and max_seq_len <= 25:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 5 workloads, 1.50x (1.41x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 789 and 25 < max_seq_len <= 63:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 789 and mean_seq_len > 11 and max_seq_len <= 25:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 36 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and 63 < max_seq_len <= 16383:
         return 'flashinfer_direct'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3054 and num_seqs <= 3 and mean_seq_len > 29 and max_seq_len > 11584:
+    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and max_seq_len > 16383:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 20 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 878 and num_seqs > 19 and mean_seq_len > 22 and 63 < max_seq_len <= 23080:
+        return 'flashinfer_direct'
+    # region 31: 2 workloads, 1.57x (1.57x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 1357 and mean_seq_len <= 11 and max_seq_len <= 25:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T15:08:03Z
+# measured    up to 2026-11-30T17:04:42Z
 # workloads   132 (workload-set digest e9dd743e34bc8675)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 23.79% mean, 332.35% max;
 #             1.244x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 23.01% mean, 235.23% max;
-#             2.124x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.47% mean, 161.86% max;
+#             2.435x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
@@ -53,18 +53,14 @@
 #   10. 803 < total_seq_len <= 1874 and num_seqs > 1: flashinfer_direct, 23 workloads, 1.61x (1.04x .. 5.82x) over vllm_flashinfer_prefill
 #   11. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 374 and num_seqs <= 9: cuda_prefill_pool_rows.k16c8, 23 workloads, 5.46x (2.96x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 374 and num_seqs > 9: cuda_prefill_pool_rows.k8c8, 18 workloads, 4.19x (2.10x .. 8.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. 374 < total_seq_len <= 533 and num_seqs <= 45: cuda_prefill_staged.r64s4, 13 workloads, 3.14x (1.67x .. 7.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 374 < total_seq_len <= 533 and num_seqs > 45: cuda_prefill_pool_rows.k8c8, 6 workloads, 1.96x (1.32x .. 2.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. 533 < total_seq_len <= 1874 and num_seqs <= 22: cuda_prefill_staged.r64s4, 16 workloads, 3.44x (2.06x .. 6.45x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. 533 < total_seq_len <= 6835 and num_seqs > 22 and mean_seq_len <= 30: cuda_prefill_staged.r64s4, 11 workloads, 1.77x (1.28x .. 2.65x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 533 < total_seq_len <= 6835 and num_seqs > 22 and mean_seq_len > 30: flashinfer_direct, 10 workloads, 1.60x (1.32x .. 1.82x) over vllm_flashinfer_prefill
-#   8. 1874 < total_seq_len <= 4900 and num_seqs <= 22: flashinfer_direct, 11 workloads, 2.57x (1.58x .. 3.55x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   9. 6835 < total_seq_len <= 9553 and num_seqs <= 22: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. 6835 < total_seq_len <= 9553 and num_seqs > 22: flashinfer_direct, 9 workloads, 1.39x (1.16x .. 1.59x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 9553 and num_seqs <= 6: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. total_seq_len > 9553 and num_seqs > 6: flashinfer_direct, 4 workloads, 1.43x (1.12x .. 2.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 316 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.12x (2.84x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 718 and num_seqs > 3 and mean_seq_len > 2: cuda_prefill_pool_rows.k16c8, 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 6835 and num_seqs <= 3 and 2 < mean_seq_len <= 315: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 6835 and num_seqs <= 3 and mean_seq_len > 315: flashinfer_direct, 6 workloads, 2.99x (2.04x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   5. 316 < total_seq_len <= 6835 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
+#   6. 718 < total_seq_len <= 6835 and num_seqs > 3 and mean_seq_len > 2: flashinfer_direct, 41 workloads, 2.32x (1.43x .. 3.80x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 6835 and num_seqs <= 5: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. total_seq_len > 6835 and num_seqs > 5: flashinfer_direct, 19 workloads, 1.71x (1.14x .. 3.39x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -82,18 +78,14 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (None, 374)}, 'workloads': 23, 'speedup': (2.96, 5.46, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (9, None), 'total_seq_len': (None, 374)}, 'workloads': 18, 'speedup': (2.1, 4.19, 8.63), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 45), 'total_seq_len': (374, 533)}, 'workloads': 13, 'speedup': (1.67, 3.14, 7.55), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (45, None), 'total_seq_len': (374, 533)}, 'workloads': 6, 'speedup': (1.32, 1.96, 2.72), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (533, 1874)}, 'workloads': 16, 'speedup': (2.06, 3.44, 6.45), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (22, None), 'total_seq_len': (533, 6835)}, 'workloads': 11, 'speedup': (1.28, 1.77, 2.65), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (22, None), 'total_seq_len': (533, 6835)}, 'workloads': 10, 'speedup': (1.32, 1.6, 1.82), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (1874, 4900)}, 'workloads': 11, 'speedup': (1.58, 2.57, 3.55), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 22), 'total_seq_len': (6835, 9553)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (6835, 9553)}, 'workloads': 9, 'speedup': (1.16, 1.39, 1.59), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 6), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (9553, None)}, 'workloads': 4, 'speedup': (1.12, 1.43, 2.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 316)}, 'workloads': 8, 'speedup': (2.84, 4.12, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (None, 718)}, 'workloads': 38, 'speedup': (1.17, 4.52, 9.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 315), 'num_seqs': (None, 3), 'total_seq_len': (None, 6835)}, 'workloads': 11, 'speedup': (3.55, 5.7, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (315, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 6835)}, 'workloads': 6, 'speedup': (2.04, 2.99, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (316, 6835)}, 'workloads': 4, 'speedup': (1.39, 2.31, 2.98), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (718, 6835)}, 'workloads': 41, 'speedup': (1.43, 2.32, 3.8), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (6835, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (6835, None)}, 'workloads': 19, 'speedup': (1.14, 1.71, 3.39), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -141,42 +133,30 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 23 workloads, 5.46x (2.96x .. 8.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 9:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 18 workloads, 4.19x (2.10x .. 8.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs > 9:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 13 workloads, 3.14x (1.67x .. 7.55x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 533 and num_seqs <= 45:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 6 workloads, 1.96x (1.32x .. 2.72x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 533 and num_seqs > 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 16 workloads, 3.44x (2.06x .. 6.45x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1874 and num_seqs <= 22:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 11 workloads, 1.77x (1.28x .. 2.65x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 6835 and num_seqs > 22 and mean_seq_len <= 30:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 10 workloads, 1.60x (1.32x .. 1.82x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 6835 and num_seqs > 22 and mean_seq_len > 30:
+    # region 1: 8 workloads, 4.12x (2.84x .. 8.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 316 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 718 and num_seqs > 3 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6835 and num_seqs <= 3 and 2 < mean_seq_len <= 315:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 6 workloads, 2.99x (2.04x .. 3.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 6835 and num_seqs <= 3 and mean_seq_len > 315:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 5: 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill
+    if 316 < total_seq_len <= 6835 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 41 workloads, 2.32x (1.43x .. 3.80x) over vllm_flashinfer_prefill
+    if 718 < total_seq_len <= 6835 and num_seqs > 3 and mean_seq_len > 2:
         return 'flashinfer_direct'
-    # region 8: 11 workloads, 2.57x (1.58x .. 3.55x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 4900 and num_seqs <= 22:
-        return ('flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if 6835 < total_seq_len <= 9553 and num_seqs <= 22:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 9 workloads, 1.39x (1.16x .. 1.59x) over vllm_flashinfer_prefill
-    if 6835 < total_seq_len <= 9553 and num_seqs > 22:
-        return 'flashinfer_direct'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and num_seqs <= 6:
+    # region 7: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6835 and num_seqs <= 5:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 4 workloads, 1.43x (1.12x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 9553 and num_seqs > 6:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 19 workloads, 1.71x (1.14x .. 3.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 6835 and num_seqs > 5:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -187,8 +167,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.46% mean, 70.19% max;
 #             1.368x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.77% mean, 70.87% max;
-#             2.422x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.70% mean, 40.40% max;
+#             2.667x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -260,42 +240,32 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   68. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   69. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and 6 < num_seqs <= 51 and mean_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 3 workloads, 2.79x (2.14x .. 4.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 181 and 6 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.17x (6.10x .. 8.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and 6 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 22: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.60x (4.22x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.35x (3.08x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and num_seqs > 51 and max_seq_len > 11: cuda_prefill_pool_rows.k16c8, 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 803 and num_seqs <= 6 and mean_seq_len > 283: flashinfer_direct, 2 workloads, 3.03x (2.86x .. 3.21x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len <= 1874 and num_seqs <= 6 and mean_seq_len <= 283 and max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 20 workloads, 6.02x (3.60x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1874 and num_seqs <= 6 and mean_seq_len <= 283 and max_seq_len > 209: cuda_prefill_staged.r64s4, 9 workloads, 3.44x (2.29x .. 4.60x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. 181 < total_seq_len <= 362 and 6 < num_seqs <= 51 and max_seq_len <= 52: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.01x (5.52x .. 6.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. 181 < total_seq_len <= 1874 and 6 < num_seqs <= 51 and 52 < max_seq_len <= 92: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.72x (2.26x .. 5.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 181 < total_seq_len <= 1874 and 6 < num_seqs <= 51 and max_seq_len > 92: cuda_prefill_staged.r64s4, 14 workloads, 3.17x (1.79x .. 7.55x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. 181 < total_seq_len <= 1874 and num_seqs > 51 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.72x (2.12x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 181 < total_seq_len <= 1874 and num_seqs > 51 and max_seq_len > 45: cuda_prefill_staged.r64s4, 6 workloads, 2.13x (1.63x .. 3.54x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 362 < total_seq_len <= 1874 and 6 < num_seqs <= 51 and max_seq_len <= 52: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.19x (2.29x .. 5.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 803 < total_seq_len <= 1874 and num_seqs <= 6 and mean_seq_len > 283: cuda_prefill_staged.r64s4, 5 workloads, 3.82x (2.87x .. 5.27x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   16. 1874 < total_seq_len <= 6835 and num_seqs <= 11 and mean_seq_len > 90 and 2036 < max_seq_len <= 3462: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. 1874 < total_seq_len <= 6835 and num_seqs <= 11 and mean_seq_len > 90 and max_seq_len > 3462: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   18. 1874 < total_seq_len <= 6835 and num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 294: flashinfer_direct, 2 workloads, 1.43x (1.32x .. 1.55x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. 1874 < total_seq_len <= 6835 and num_seqs <= 136 and mean_seq_len <= 90 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off
-#   20. 1874 < total_seq_len <= 6835 and num_seqs <= 136 and mean_seq_len <= 90 and 45 < max_seq_len <= 294: cuda_prefill_staged.r64s4, 2 workloads, 2.54x (2.51x .. 2.57x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   21. 1874 < total_seq_len <= 6835 and mean_seq_len > 90 and max_seq_len <= 1444: cuda_prefill_staged.r64s4, 8 workloads, 3.14x (1.63x .. 4.70x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. 1874 < total_seq_len <= 6835 and mean_seq_len > 90 and 1444 < max_seq_len <= 2036: flashinfer_direct, 3 workloads, 2.03x (1.87x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   23. 1874 < total_seq_len <= 6835 and num_seqs > 11 and mean_seq_len > 90 and max_seq_len > 2036: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   24. 1874 < total_seq_len <= 6835 and num_seqs > 45 and mean_seq_len <= 90 and 294 < max_seq_len <= 1355: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 1874 < total_seq_len <= 6835 and num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 1355: flashinfer_direct, 2 workloads, 1.34x (1.30x .. 1.38x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   26. 1874 < total_seq_len <= 6835 and num_seqs > 136 and mean_seq_len <= 90 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   27. 1874 < total_seq_len <= 6835 and num_seqs > 136 and mean_seq_len <= 90 and 22 < max_seq_len <= 294: cuda_prefill_staged.r64s4, 2 workloads, 1.90x (1.82x .. 1.99x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 6835 and num_seqs <= 11 and max_seq_len <= 3029: cuda_prefill_staged.r64s4, 3 workloads, 2.26x (1.81x .. 3.35x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 6835 and num_seqs <= 11 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   30. total_seq_len > 6835 and 11 < num_seqs <= 22 and max_seq_len <= 5420: flashinfer_direct, 3 workloads, 2.43x (2.11x .. 2.97x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 6835 and 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 6835 and num_seqs > 22 and mean_seq_len <= 45 and 90 < max_seq_len <= 879: cuda_prefill_staged.r64s4, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   33. total_seq_len > 6835 and num_seqs > 22 and max_seq_len <= 90: flashinfer_direct, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 6835 and num_seqs > 22 and 879 < max_seq_len <= 16288: flashinfer_direct, 4 workloads, 1.17x (1.12x .. 1.20x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 6835 and num_seqs > 22 and max_seq_len > 16288: vllm_flashinfer_prefill (baseline), 0 workloads
-#   36. total_seq_len > 6835 and num_seqs > 22 and mean_seq_len > 45 and 90 < max_seq_len <= 879: flashinfer_direct, 6 workloads, 1.47x (1.29x .. 1.59x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 181 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 9 workloads, 4.85x (2.85x .. 7.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 362 and num_seqs <= 11 and 127 < max_seq_len <= 244: cuda_prefill_pool_rows.k16c8, 5 workloads, 4.69x (3.54x .. 5.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 362 and num_seqs > 11 and 127 < max_seq_len <= 244: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.05x (2.10x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 724 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.48x (6.20x .. 8.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   6. num_seqs <= 5 and 4095 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
+#   7. num_seqs <= 5 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. num_seqs <= 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   9. 244 < max_seq_len <= 4095: flashinfer_direct, 49 workloads, 2.51x (1.43x .. 4.15x) over vllm_flashinfer_prefill
+#   10. 5 < num_seqs <= 11 and 4095 < max_seq_len <= 8188: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+#   11. 5 < num_seqs <= 11 and max_seq_len > 8188: vllm_flashinfer_prefill (baseline), 0 workloads
+#   12. 11 < num_seqs <= 22 and 4095 < max_seq_len <= 7658: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   13. 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
+#   14. num_seqs > 22 and 4095 < max_seq_len <= 23080: flashinfer_direct, 4 workloads, 1.27x (1.14x .. 1.39x) over vllm_flashinfer_prefill
+#   15. num_seqs > 22 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. num_seqs > 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   17. 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   18. 362 < total_seq_len <= 724 and 127 < max_seq_len <= 244: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.23x (3.73x .. 5.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   20. 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   21. total_seq_len > 724 and num_seqs <= 45 and 127 < max_seq_len <= 244: triton_prefill_fused.c16v64, 5 workloads, 3.87x (3.36x .. 4.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. total_seq_len > 724 and num_seqs > 45 and 127 < max_seq_len <= 244: flashinfer_direct, 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   23. 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   24. 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   25. 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 5792 and 31 < max_seq_len <= 127: flashinfer_direct, 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
@@ -370,42 +340,32 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (6, 51), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (2.14, 2.79, 4.27), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (2, None), 'num_seqs': (6, 51), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (6.1, 7.17, 8.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (2, None), 'num_seqs': (6, 51), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (4.22, 5.6, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.08, 3.35, 3.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, None), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (283, None), 'num_seqs': (None, 6), 'total_seq_len': (None, 803)}, 'workloads': 2, 'speedup': (2.86, 3.03, 3.21), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 209), 'mean_seq_len': (None, 283), 'num_seqs': (None, 6), 'total_seq_len': (None, 1874)}, 'workloads': 20, 'speedup': (3.6, 6.02, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (None, 283), 'num_seqs': (None, 6), 'total_seq_len': (None, 1874)}, 'workloads': 9, 'speedup': (2.29, 3.44, 4.6), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 52), 'num_seqs': (6, 51), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (5.52, 6.01, 6.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (52, 92), 'num_seqs': (6, 51), 'total_seq_len': (181, 1874)}, 'workloads': 3, 'speedup': (2.26, 3.72, 5.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (92, None), 'num_seqs': (6, 51), 'total_seq_len': (181, 1874)}, 'workloads': 14, 'speedup': (1.79, 3.17, 7.55), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (51, None), 'total_seq_len': (181, 1874)}, 'workloads': 10, 'speedup': (2.12, 2.72, 3.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (51, None), 'total_seq_len': (181, 1874)}, 'workloads': 6, 'speedup': (1.63, 2.13, 3.54), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 52), 'num_seqs': (6, 51), 'total_seq_len': (362, 1874)}, 'workloads': 3, 'speedup': (2.29, 3.19, 5.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (283, None), 'num_seqs': (None, 6), 'total_seq_len': (803, 1874)}, 'workloads': 5, 'speedup': (2.87, 3.82, 5.27), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2036, 3462), 'mean_seq_len': (90, None), 'num_seqs': (None, 11), 'total_seq_len': (1874, 6835)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3462, None), 'mean_seq_len': (90, None), 'num_seqs': (None, 11), 'total_seq_len': (1874, 6835)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (294, None), 'mean_seq_len': (None, 90), 'num_seqs': (None, 45), 'total_seq_len': (1874, 6835)}, 'workloads': 2, 'speedup': (1.32, 1.43, 1.55), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 90), 'num_seqs': (None, 136), 'total_seq_len': (1874, 6835)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 294), 'mean_seq_len': (None, 90), 'num_seqs': (None, 136), 'total_seq_len': (1874, 6835)}, 'workloads': 2, 'speedup': (2.51, 2.54, 2.57), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1444), 'mean_seq_len': (90, None), 'total_seq_len': (1874, 6835)}, 'workloads': 8, 'speedup': (1.63, 3.14, 4.7), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2036), 'mean_seq_len': (90, None), 'total_seq_len': (1874, 6835)}, 'workloads': 3, 'speedup': (1.87, 2.03, 2.29), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (90, None), 'num_seqs': (11, None), 'total_seq_len': (1874, 6835)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (294, 1355), 'mean_seq_len': (None, 90), 'num_seqs': (45, None), 'total_seq_len': (1874, 6835)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1355, None), 'mean_seq_len': (None, 90), 'num_seqs': (45, None), 'total_seq_len': (1874, 6835)}, 'workloads': 2, 'speedup': (1.3, 1.34, 1.38), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 90), 'num_seqs': (136, None), 'total_seq_len': (1874, 6835)}, 'workloads': 1, 'speedup': (2.0, 2.0, 2.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 294), 'mean_seq_len': (None, 90), 'num_seqs': (136, None), 'total_seq_len': (1874, 6835)}, 'workloads': 2, 'speedup': (1.82, 1.9, 1.99), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 3029), 'num_seqs': (None, 11), 'total_seq_len': (6835, None)}, 'workloads': 3, 'speedup': (1.81, 2.26, 3.35), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (None, 11), 'total_seq_len': (6835, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 5420), 'num_seqs': (11, 22), 'total_seq_len': (6835, None)}, 'workloads': 3, 'speedup': (2.11, 2.43, 2.97), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22), 'total_seq_len': (6835, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, 879), 'mean_seq_len': (None, 45), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (879, 16288), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 4, 'speedup': (1.12, 1.17, 1.2), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16288, None), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (90, 879), 'mean_seq_len': (45, None), 'num_seqs': (22, None), 'total_seq_len': (6835, None)}, 'workloads': 6, 'speedup': (1.29, 1.47, 1.59), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (2.85, 4.85, 7.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (None, 11), 'total_seq_len': (None, 362)}, 'workloads': 5, 'speedup': (3.54, 4.69, 5.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (3.0, 6.91, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.1, 3.05, 4.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (6.2, 7.48, 8.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4095, 5267), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 30)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (244, 4095)}, 'workloads': 49, 'speedup': (1.43, 2.51, 4.15), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4095, 8188), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8188, None), 'num_seqs': (5, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 7658), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 23080), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.14, 1.27, 1.39), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (30, None)}, 'workloads': 9, 'speedup': (2.39, 2.96, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (181, 1448)}, 'workloads': 8, 'speedup': (1.79, 3.8, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 244), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (3.73, 4.23, 5.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (2.17, 3.06, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (3.45, 3.45, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (None, 45), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (3.36, 3.87, 4.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.43, 1.61, 1.77), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (None, 90), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.75, 2.07, 2.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 49), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (2.4, 2.51, 2.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (90, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (31, 127), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -606,111 +566,75 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.79x (2.14x .. 4.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 6 < num_seqs <= 51 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 7.17x (6.10x .. 8.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 6 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 2 workloads, 5.60x (4.22x .. 7.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 6 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 22:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 3.35x (3.08x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and max_seq_len > 11:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 2 workloads, 3.03x (2.86x .. 3.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and num_seqs <= 6 and mean_seq_len > 283:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 7: 20 workloads, 6.02x (3.60x .. 8.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and num_seqs <= 6 and mean_seq_len <= 283 and max_seq_len <= 209:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 8: 9 workloads, 3.44x (2.29x .. 4.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and num_seqs <= 6 and mean_seq_len <= 283 and max_seq_len > 209:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, 6.01x (5.52x .. 6.54x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and 6 < num_seqs <= 51 and max_seq_len <= 52:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 3 workloads, 3.72x (2.26x .. 5.19x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1874 and 6 < num_seqs <= 51 and 52 < max_seq_len <= 92:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 14 workloads, 3.17x (1.79x .. 7.55x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1874 and 6 < num_seqs <= 51 and max_seq_len > 92:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 10 workloads, 2.72x (2.12x .. 3.69x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1874 and num_seqs > 51 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 6 workloads, 2.13x (1.63x .. 3.54x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1874 and num_seqs > 51 and max_seq_len > 45:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 3 workloads, 3.19x (2.29x .. 5.40x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1874 and 6 < num_seqs <= 51 and max_seq_len <= 52:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 5 workloads, 3.82x (2.87x .. 5.27x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1874 and num_seqs <= 6 and mean_seq_len > 283:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs <= 11 and mean_seq_len > 90 and 2036 < max_seq_len <= 3462:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 1874 < total_seq_len <= 6835 and num_seqs <= 11 and mean_seq_len > 90 and max_seq_len > 3462:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 18: 2 workloads, 1.43x (1.32x .. 1.55x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs <= 45 and mean_seq_len <= 90 and max_seq_len > 294:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 19: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs <= 136 and mean_seq_len <= 90 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 2.54x (2.51x .. 2.57x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs <= 136 and mean_seq_len <= 90 and 45 < max_seq_len <= 294:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 8 workloads, 3.14x (1.63x .. 4.70x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and mean_seq_len > 90 and max_seq_len <= 1444:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 3 workloads, 2.03x (1.87x .. 2.29x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and mean_seq_len > 90 and 1444 < max_seq_len <= 2036:
-        return ('flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 1874 < total_seq_len <= 6835 and num_seqs > 11 and mean_seq_len > 90 and max_seq_len > 2036:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 1874 < total_seq_len <= 6835 and num_seqs > 45 and mean_seq_len <= 90 and 294 < max_seq_len <= 1355:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 2 workloads, 1.34x (1.30x .. 1.38x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs > 45 and mean_seq_len <= 90 and max_seq_len > 1355:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 26: 1 workloads, 2.00x (2.00x .. 2.00x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs > 136 and mean_seq_len <= 90 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 2 workloads, 1.90x (1.82x .. 1.99x) over vllm_flashinfer_prefill
-    if 1874 < total_seq_len <= 6835 and num_seqs > 136 and mean_seq_len <= 90 and 22 < max_seq_len <= 294:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 3 workloads, 2.26x (1.81x .. 3.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs <= 11 and max_seq_len <= 3029:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6835 and num_seqs <= 11 and max_seq_len > 3029:
+    # region 1: 9 workloads, 4.85x (2.85x .. 7.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 45 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 4.69x (3.54x .. 5.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 11 and 127 < max_seq_len <= 244:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 10 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 2 workloads, 3.05x (2.10x .. 4.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 11 and 127 < max_seq_len <= 244:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 6 workloads, 7.48x (6.20x .. 8.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 31 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 5 and 4095 < max_seq_len <= 5267:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and max_seq_len > 5267:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 3 workloads, 2.43x (2.11x .. 2.97x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and 11 < num_seqs <= 22 and max_seq_len <= 5420:
+    # region 8: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
+    if num_seqs <= 30 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 49 workloads, 2.51x (1.43x .. 4.15x) over vllm_flashinfer_prefill
+    if 244 < max_seq_len <= 4095:
+        return 'flashinfer_direct'
+    # region 10: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 11 and 4095 < max_seq_len <= 8188:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 12: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 22 and 4095 < max_seq_len <= 7658:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6835 and 11 < num_seqs <= 22 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs > 22 and mean_seq_len <= 45 and 90 < max_seq_len <= 879:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 33: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs > 22 and max_seq_len <= 90:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 34: 4 workloads, 1.17x (1.12x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs > 22 and 879 < max_seq_len <= 16288:
+    # region 14: 4 workloads, 1.27x (1.14x .. 1.39x) over vllm_flashinfer_prefill
+    if num_seqs > 22 and 4095 < max_seq_len <= 23080:
         return 'flashinfer_direct'
-    # region 36: 6 workloads, 1.47x (1.29x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs > 22 and mean_seq_len > 45 and 90 < max_seq_len <= 879:
-        return 'flashinfer_direct'
+    # region 16: 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill
+    if num_seqs > 30 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 18: 3 workloads, 4.23x (3.73x .. 5.01x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 724 and 127 < max_seq_len <= 244:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 19: 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 10 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 5 workloads, 3.87x (3.36x .. 4.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 45 and 127 < max_seq_len <= 244:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 45 and 127 < max_seq_len <= 244:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 23: 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 26: 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 31 < max_seq_len <= 127:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T15:09:02Z
+# measured    up to 2026-11-30T17:06:58Z
 # workloads   132 (workload-set digest aaf19f9483c4a210)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -39,8 +39,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 10.02% mean, 199.25% max;
 #             1.194x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 17.35% mean, 333.00% max;
-#             1.849x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.42% mean, 76.16% max;
+#             2.306x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
@@ -53,16 +53,15 @@
 #   9. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 240 and 22 < mean_seq_len <= 914: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.04x (3.87x .. 6.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 399 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.52x (1.80x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 399 and 2 < mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 21 workloads, 3.27x (1.24x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   4. total_seq_len <= 6292 and mean_seq_len > 914: cuda_prefill_staged.r64s4, 2 workloads, 2.67x (2.61x .. 2.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. 240 < total_seq_len <= 399 and 22 < mean_seq_len <= 914: triton_prefill_fused.c16v32, 7 workloads, 3.54x (3.09x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. 399 < total_seq_len <= 591 and 45 < mean_seq_len <= 914: cuda_prefill_staged.r64s4, 7 workloads, 3.67x (2.55x .. 4.90x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   7. total_seq_len > 399 and mean_seq_len <= 5: flashinfer_direct, 7 workloads, 1.31x (1.26x .. 1.42x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 399 and 5 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 25 workloads, 1.89x (1.20x .. 3.13x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 591 and 45 < mean_seq_len <= 914: flashinfer_direct, 41 workloads, 1.87x (1.16x .. 3.52x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 6292 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 402 and mean_seq_len > 75: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.25x (3.26x .. 7.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 557 and num_seqs <= 17 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.81x (3.35x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   3. total_seq_len <= 557 and 6 < mean_seq_len <= 75: cuda_prefill_pool_rows.k8c8, 31 workloads, 3.73x (1.28x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   4. total_seq_len <= 557 and num_seqs > 17 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.59x (1.29x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   5. 402 < total_seq_len <= 557 and mean_seq_len > 75: triton_prefill_fused.c16v32, 4 workloads, 3.71x (3.36x .. 4.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len > 557 and num_seqs <= 9 and mean_seq_len <= 6684: flashinfer_direct, 28 workloads, 2.61x (1.30x .. 3.84x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 557 and mean_seq_len > 7161: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 9: cuda_prefill_staged.r64s4, 7 workloads, 1.53x (1.36x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 557 and num_seqs > 9 and 9 < mean_seq_len <= 7161: flashinfer_direct, 35 workloads, 1.62x (1.23x .. 2.04x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -79,16 +78,15 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, 914), 'total_seq_len': (None, 240)}, 'workloads': 7, 'speedup': (3.87, 5.04, 6.21), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 399)}, 'workloads': 6, 'speedup': (1.8, 3.52, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, 22), 'total_seq_len': (None, 399)}, 'workloads': 21, 'speedup': (1.24, 3.27, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (None, 6292)}, 'workloads': 2, 'speedup': (2.61, 2.67, 2.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (22, 914), 'total_seq_len': (240, 399)}, 'workloads': 7, 'speedup': (3.09, 3.54, 4.13), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (45, 914), 'total_seq_len': (399, 591)}, 'workloads': 7, 'speedup': (2.55, 3.67, 4.9), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (399, None)}, 'workloads': 7, 'speedup': (1.26, 1.31, 1.42), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, 45), 'total_seq_len': (399, None)}, 'workloads': 25, 'speedup': (1.2, 1.89, 3.13), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, 914), 'total_seq_len': (591, None)}, 'workloads': 41, 'speedup': (1.16, 1.87, 3.52), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (6292, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (75, None), 'total_seq_len': (None, 402)}, 'workloads': 6, 'speedup': (3.26, 5.25, 7.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (None, 17), 'total_seq_len': (None, 557)}, 'workloads': 8, 'speedup': (3.35, 5.81, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 75), 'total_seq_len': (None, 557)}, 'workloads': 31, 'speedup': (1.28, 3.73, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (17, None), 'total_seq_len': (None, 557)}, 'workloads': 11, 'speedup': (1.29, 2.59, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (75, None), 'total_seq_len': (402, 557)}, 'workloads': 4, 'speedup': (3.36, 3.71, 4.2), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 6684), 'num_seqs': (None, 9), 'total_seq_len': (557, None)}, 'workloads': 28, 'speedup': (1.3, 2.61, 3.84), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7161, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 7, 'speedup': (1.36, 1.53, 1.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, 7161), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 35, 'speedup': (1.23, 1.62, 2.04), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -133,36 +131,33 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 5.04x (3.87x .. 6.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 240 and 22 < mean_seq_len <= 914:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 6 workloads, 3.52x (1.80x .. 7.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 21 workloads, 3.27x (1.24x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and 2 < mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 2.67x (2.61x .. 2.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6292 and mean_seq_len > 914:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 7 workloads, 3.54x (3.09x .. 4.13x) over vllm_flashinfer_prefill
-    if 240 < total_seq_len <= 399 and 22 < mean_seq_len <= 914:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 7 workloads, 3.67x (2.55x .. 4.90x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 591 and 45 < mean_seq_len <= 914:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 7 workloads, 1.31x (1.26x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and mean_seq_len <= 5:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 25 workloads, 1.89x (1.20x .. 3.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and 5 < mean_seq_len <= 45:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 41 workloads, 1.87x (1.16x .. 3.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 591 and 45 < mean_seq_len <= 914:
+    # region 1: 6 workloads, 5.25x (3.26x .. 7.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 402 and mean_seq_len > 75:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 8 workloads, 5.81x (3.35x .. 10.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs <= 17 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 31 workloads, 3.73x (1.28x .. 8.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and 6 < mean_seq_len <= 75:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 11 workloads, 2.59x (1.29x .. 3.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs > 17 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 4 workloads, 3.71x (3.36x .. 4.20x) over vllm_flashinfer_prefill
+    if 402 < total_seq_len <= 557 and mean_seq_len > 75:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 28 workloads, 2.61x (1.30x .. 3.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs <= 9 and mean_seq_len <= 6684:
         return 'flashinfer_direct'
-    # region 10: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6292 and mean_seq_len > 914:
+    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and mean_seq_len > 7161:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 7 workloads, 1.53x (1.36x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 9:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 35 workloads, 1.62x (1.23x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs > 9 and 9 < mean_seq_len <= 7161:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -173,8 +168,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 4.17% mean, 199.25% max;
 #             1.244x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.73% mean, 67.18% max;
-#             2.033x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.99% mean, 34.06% max;
+#             2.429x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
@@ -232,37 +227,32 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   54. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
 #   55. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 181 and max_seq_len > 10: cuda_prefill_pool_rows.k16c8, 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4
-#   4. total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 181 < total_seq_len <= 362 and num_seqs <= 2 and max_seq_len > 132: flashinfer_direct, 3 workloads, 3.31x (3.27x .. 3.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   6. 181 < total_seq_len <= 716 and num_seqs <= 11 and max_seq_len <= 117: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.71x (3.91x .. 5.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 716 and num_seqs <= 11 and 117 < max_seq_len <= 132: cuda_prefill_staged.r64s4, 2 workloads, 5.49x (4.89x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. 181 < total_seq_len <= 716 and 2 < num_seqs <= 11 and max_seq_len > 132: cuda_prefill_staged.r64s4, 5 workloads, 3.17x (2.55x .. 3.72x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
-#   9. 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.64x (2.18x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   10. 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len > 32: cuda_prefill_staged.r64s4, 11 workloads, 2.10x (1.34x .. 3.21x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. 362 < total_seq_len <= 716 and num_seqs <= 2 and max_seq_len > 132: cuda_prefill_staged.r64s4, 1 workloads, 4.90x (4.90x .. 4.90x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. 716 < total_seq_len <= 1448 and mean_seq_len <= 45 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.20x (1.99x .. 2.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   13. 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and max_seq_len <= 148: flashinfer_direct, 2 workloads, 2.47x (1.73x .. 3.52x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   14. 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and 148 < max_seq_len <= 481: cuda_prefill_staged.r64s4, 4 workloads, 3.28x (1.87x .. 5.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   15. 716 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627: flashinfer_direct, 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. 716 < total_seq_len <= 4449 and mean_seq_len > 540 and max_seq_len <= 1593: cuda_prefill_staged.r64s4, 2 workloads, 2.61x (2.49x .. 2.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   17. 716 < total_seq_len <= 4449 and mean_seq_len > 540 and 1593 < max_seq_len <= 4095: flashinfer_direct, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 529: cuda_prefill_staged.r64s4, 3 workloads, 2.62x (1.98x .. 3.37x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and max_seq_len > 529: flashinfer_direct, 19 workloads, 1.79x (1.16x .. 3.12x) over vllm_flashinfer_prefill
-#   20. total_seq_len > 716 and num_seqs <= 181 and mean_seq_len <= 45 and max_seq_len > 627: cuda_prefill_staged.r64s4, 3 workloads, 1.68x (1.62x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 716 and mean_seq_len <= 45 and 22 < max_seq_len <= 627: cuda_prefill_staged.r64s4, 9 workloads, 1.90x (1.20x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 716 and mean_seq_len > 540 and 4095 < max_seq_len <= 5537: flashinfer_direct, 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 716 and mean_seq_len > 540 and max_seq_len > 5537: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   24. 1448 < total_seq_len <= 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481: cuda_prefill_staged.r64s4, 8 workloads, 1.80x (1.37x .. 3.56x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   25. total_seq_len > 1448 and mean_seq_len <= 45 and max_seq_len <= 22: cuda_prefill_staged.r64s4, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 4449 and 540 < mean_seq_len <= 1572 and max_seq_len <= 4095: cuda_prefill_staged.r64s4, 3 workloads, 3.25x (2.61x .. 4.33x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 4449 and mean_seq_len > 1572 and max_seq_len <= 4095: flashinfer_direct, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 16336: flashinfer_direct, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 11585 and 45 < mean_seq_len <= 540 and max_seq_len > 16336: vllm_flashinfer_prefill (baseline), 0 workloads
-#   31. total_seq_len > 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 66 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.63x (4.08x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 181 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.13x (3.47x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   4. total_seq_len <= 181 and 47 < max_seq_len <= 244: cuda_prefill_pool_rows.k16c8, 9 workloads, 5.13x (2.49x .. 8.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4
+#   5. total_seq_len <= 362 and 31 < max_seq_len <= 47: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.79x (3.56x .. 7.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 362 and max_seq_len > 244: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 929 and num_seqs <= 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 929 and num_seqs > 11 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.74x (3.07x .. 4.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   9. 5 < total_seq_len <= 929 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.04x (2.38x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   10. 66 < total_seq_len <= 929 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.07x (2.62x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   11. 181 < total_seq_len <= 929 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.36x (2.81x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   12. 181 < total_seq_len <= 929 and 47 < max_seq_len <= 244: cuda_prefill_pool_rows.k8c8, 13 workloads, 3.78x (1.47x .. 5.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   13. 362 < total_seq_len <= 929 and num_seqs <= 133 and max_seq_len > 244: flashinfer_direct, 7 workloads, 2.58x (1.75x .. 3.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   14. 362 < total_seq_len <= 929 and 31 < max_seq_len <= 47: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.10x (2.92x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   15. 362 < total_seq_len <= 929 and num_seqs > 133 and max_seq_len > 244: cuda_prefill_staged.r64s4, 2 workloads, 1.59x (1.55x .. 1.64x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
+#   16. 929 < total_seq_len <= 2896 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.22x (1.88x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 929 < total_seq_len <= 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233: triton_prefill_fused.c16v64, 6 workloads, 2.39x (1.97x .. 4.35x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   18. total_seq_len > 929 and num_seqs <= 5 and 59 < max_seq_len <= 8189: flashinfer_direct, 16 workloads, 2.63x (1.31x .. 3.84x) over vllm_flashinfer_prefill
+#   19. total_seq_len > 929 and num_seqs <= 5 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. total_seq_len > 929 and 5 < num_seqs <= 90 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   21. total_seq_len > 929 and 5 < num_seqs <= 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233: flashinfer_direct, 2 workloads, 1.72x (1.63x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 929 and num_seqs > 5 and 233 < max_seq_len <= 16372: flashinfer_direct, 31 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 929 and num_seqs > 90 and max_seq_len > 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   24. total_seq_len > 929 and num_seqs > 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233: cuda_prefill_staged.r64s4, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 2896 and max_seq_len <= 59: cuda_prefill_staged.r64s4, 2 workloads, 1.56x (1.55x .. 1.57x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   26. total_seq_len > 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233: flashinfer_direct, 2 workloads, 1.38x (1.24x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
@@ -323,37 +313,32 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (None, 8), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (7.39, 7.75, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (3.11, 4.35, 7.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, None), 'total_seq_len': (None, 181)}, 'workloads': 15, 'speedup': (1.85, 3.98, 6.37), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (8, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.99, 3.29, 3.93), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (None, 2), 'total_seq_len': (181, 362)}, 'workloads': 3, 'speedup': (3.27, 3.31, 3.38), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 117), 'num_seqs': (None, 11), 'total_seq_len': (181, 716)}, 'workloads': 3, 'speedup': (3.91, 4.71, 5.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (117, 132), 'num_seqs': (None, 11), 'total_seq_len': (181, 716)}, 'workloads': 2, 'speedup': (4.89, 5.49, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (2, 11), 'total_seq_len': (181, 716)}, 'workloads': 5, 'speedup': (2.55, 3.17, 3.72), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 32), 'num_seqs': (11, None), 'total_seq_len': (181, 716)}, 'workloads': 10, 'speedup': (2.18, 2.64, 3.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (32, None), 'num_seqs': (11, None), 'total_seq_len': (181, 716)}, 'workloads': 11, 'speedup': (1.34, 2.1, 3.21), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (132, None), 'num_seqs': (None, 2), 'total_seq_len': (362, 716)}, 'workloads': 1, 'speedup': (4.9, 4.9, 4.9), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 45), 'total_seq_len': (716, 1448)}, 'workloads': 3, 'speedup': (1.99, 2.2, 2.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 148), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 1448)}, 'workloads': 2, 'speedup': (1.73, 2.47, 3.52), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (148, 481), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 1448)}, 'workloads': 4, 'speedup': (1.87, 3.28, 5.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (181, None), 'total_seq_len': (716, 2896)}, 'workloads': 2, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1593), 'mean_seq_len': (540, None), 'total_seq_len': (716, 4449)}, 'workloads': 2, 'speedup': (2.49, 2.61, 2.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1593, 4095), 'mean_seq_len': (540, None), 'total_seq_len': (716, 4449)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (481, 529), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 11585)}, 'workloads': 3, 'speedup': (1.98, 2.62, 3.37), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (529, None), 'mean_seq_len': (45, 540), 'total_seq_len': (716, 11585)}, 'workloads': 19, 'speedup': (1.16, 1.79, 3.12), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 181), 'total_seq_len': (716, None)}, 'workloads': 3, 'speedup': (1.62, 1.68, 1.77), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 627), 'mean_seq_len': (None, 45), 'total_seq_len': (716, None)}, 'workloads': 9, 'speedup': (1.2, 1.9, 2.86), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 5537), 'mean_seq_len': (540, None), 'total_seq_len': (716, None)}, 'workloads': 1, 'speedup': (1.26, 1.26, 1.26), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5537, None), 'mean_seq_len': (540, None), 'total_seq_len': (716, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 481), 'mean_seq_len': (45, 540), 'total_seq_len': (1448, 23170)}, 'workloads': 8, 'speedup': (1.37, 1.8, 3.56), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4095), 'mean_seq_len': (540, 1572), 'total_seq_len': (4449, None)}, 'workloads': 3, 'speedup': (2.61, 3.25, 4.33), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4095), 'mean_seq_len': (1572, None), 'total_seq_len': (4449, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (481, 16336), 'mean_seq_len': (45, 540), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16336, None), 'mean_seq_len': (45, 540), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 481), 'mean_seq_len': (45, 540), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 10), 'total_seq_len': (None, 66)}, 'workloads': 3, 'speedup': (4.08, 6.63, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.47, 5.13, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (47, 244), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (2.49, 5.13, 8.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 47), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (3.56, 5.79, 7.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (244, None), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (4.76, 4.76, 4.76), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'num_seqs': (None, 11), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'num_seqs': (11, None), 'total_seq_len': (None, 929)}, 'workloads': 2, 'speedup': (3.07, 3.74, 4.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (5, 929)}, 'workloads': 3, 'speedup': (2.38, 3.04, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 10), 'total_seq_len': (66, 929)}, 'workloads': 6, 'speedup': (2.62, 3.07, 4.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (181, 929)}, 'workloads': 4, 'speedup': (2.81, 3.36, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (47, 244), 'total_seq_len': (181, 929)}, 'workloads': 13, 'speedup': (1.47, 3.78, 5.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (244, None), 'num_seqs': (None, 133), 'total_seq_len': (362, 929)}, 'workloads': 7, 'speedup': (1.75, 2.58, 3.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 47), 'total_seq_len': (362, 929)}, 'workloads': 3, 'speedup': (2.92, 3.1, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (244, None), 'num_seqs': (133, None), 'total_seq_len': (362, 929)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.64), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'total_seq_len': (929, 2896)}, 'workloads': 8, 'speedup': (1.88, 2.22, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (929, 3156)}, 'workloads': 6, 'speedup': (1.97, 2.39, 4.35), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 8189), 'num_seqs': (None, 5), 'total_seq_len': (929, None)}, 'workloads': 16, 'speedup': (1.31, 2.63, 3.84), 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 5), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (5, 90), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (None, 45), 'num_seqs': (5, 181), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.63, 1.72, 1.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (233, 16372), 'num_seqs': (5, None), 'total_seq_len': (929, None)}, 'workloads': 31, 'speedup': (1.23, 1.8, 3.67), 'fallbacks': ()},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (90, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (None, 45), 'num_seqs': (181, None), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 59), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.55, 1.56, 1.57), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (3156, None)}, 'workloads': 2, 'speedup': (1.24, 1.38, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -524,95 +509,80 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 7.75x (7.39x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 8 and 2 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 4.35x (3.11x .. 7.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 15 workloads, 3.98x (1.85x .. 6.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and max_seq_len > 10:
+    # region 1: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 3 workloads, 6.63x (4.08x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 66 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 4 workloads, 5.13x (3.47x .. 8.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 10 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 9 workloads, 5.13x (2.49x .. 8.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 47 < max_seq_len <= 244:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 5 workloads, 3.29x (2.99x .. 3.93x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 8 and 2 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 3 workloads, 3.31x (3.27x .. 3.38x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs <= 2 and max_seq_len > 132:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
-    # region 6: 3 workloads, 4.71x (3.91x .. 5.54x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 716 and num_seqs <= 11 and max_seq_len <= 117:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 2 workloads, 5.49x (4.89x .. 6.18x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 716 and num_seqs <= 11 and 117 < max_seq_len <= 132:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 5 workloads, 3.17x (2.55x .. 3.72x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 716 and 2 < num_seqs <= 11 and max_seq_len > 132:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 10 workloads, 2.64x (2.18x .. 3.19x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 11 workloads, 2.10x (1.34x .. 3.21x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 716 and num_seqs > 11 and max_seq_len > 32:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 1 workloads, 4.90x (4.90x .. 4.90x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 716 and num_seqs <= 2 and max_seq_len > 132:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 3 workloads, 2.20x (1.99x .. 2.53x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 1448 and mean_seq_len <= 45 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 2 workloads, 2.47x (1.73x .. 3.52x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and max_seq_len <= 148:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 14: 4 workloads, 3.28x (1.87x .. 5.14x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 1448 and 45 < mean_seq_len <= 540 and 148 < max_seq_len <= 481:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 2 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 2 workloads, 2.61x (2.49x .. 2.74x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 4449 and mean_seq_len > 540 and max_seq_len <= 1593:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 4449 and mean_seq_len > 540 and 1593 < max_seq_len <= 4095:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 18: 3 workloads, 2.62x (1.98x .. 3.37x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 529:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 19 workloads, 1.79x (1.16x .. 3.12x) over vllm_flashinfer_prefill
-    if 716 < total_seq_len <= 11585 and 45 < mean_seq_len <= 540 and max_seq_len > 529:
+    # region 5: 3 workloads, 5.79x (3.56x .. 7.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 31 < max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 1 workloads, 4.76x (4.76x .. 4.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and max_seq_len > 244:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs <= 11 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 2 workloads, 3.74x (3.07x .. 4.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs > 11 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 3 workloads, 3.04x (2.38x .. 3.66x) over vllm_flashinfer_prefill
+    if 5 < total_seq_len <= 929 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 6 workloads, 3.07x (2.62x .. 4.47x) over vllm_flashinfer_prefill
+    if 66 < total_seq_len <= 929 and 4 < max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 4 workloads, 3.36x (2.81x .. 3.77x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and 10 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 13 workloads, 3.78x (1.47x .. 5.97x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 929 and 47 < max_seq_len <= 244:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 13: 7 workloads, 2.58x (1.75x .. 3.66x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 929 and num_seqs <= 133 and max_seq_len > 244:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 14: 3 workloads, 3.10x (2.92x .. 3.47x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 929 and 31 < max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 2 workloads, 1.59x (1.55x .. 1.64x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 929 and num_seqs > 133 and max_seq_len > 244:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 8 workloads, 2.22x (1.88x .. 2.75x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 2896 and max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 6 workloads, 2.39x (1.97x .. 4.35x) over vllm_flashinfer_prefill
+    if 929 < total_seq_len <= 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 16 workloads, 2.63x (1.31x .. 3.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 5 and 59 < max_seq_len <= 8189:
         return 'flashinfer_direct'
-    # region 20: 3 workloads, 1.68x (1.62x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 716 and num_seqs <= 181 and mean_seq_len <= 45 and max_seq_len > 627:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 9 workloads, 1.90x (1.20x .. 2.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 716 and mean_seq_len <= 45 and 22 < max_seq_len <= 627:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 1.26x (1.26x .. 1.26x) over vllm_flashinfer_prefill
-    if total_seq_len > 716 and mean_seq_len > 540 and 4095 < max_seq_len <= 5537:
-        return 'flashinfer_direct'
-    # region 23: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 716 and mean_seq_len > 540 and max_seq_len > 5537:
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and num_seqs <= 5 and max_seq_len > 8189:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 8 workloads, 1.80x (1.37x .. 3.56x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and mean_seq_len <= 45 and max_seq_len <= 22:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs > 181 and mean_seq_len <= 45 and max_seq_len > 627:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 3 workloads, 3.25x (2.61x .. 4.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 4449 and 540 < mean_seq_len <= 1572 and max_seq_len <= 4095:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 4449 and mean_seq_len > 1572 and max_seq_len <= 4095:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 11585 and 45 < mean_seq_len <= 540 and 481 < max_seq_len <= 16336:
+    # region 21: 2 workloads, 1.72x (1.63x .. 1.81x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and 5 < num_seqs <= 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 31 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 5 and 233 < max_seq_len <= 16372:
         return 'flashinfer_direct'
-    # region 31: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 23170 and 45 < mean_seq_len <= 540 and max_seq_len <= 481:
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 929 and num_seqs > 90 and max_seq_len > 16372:
+        return 'flashinfer_direct'
+    # region 24: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 2 workloads, 1.56x (1.55x .. 1.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and max_seq_len <= 59:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 2 workloads, 1.38x (1.24x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 

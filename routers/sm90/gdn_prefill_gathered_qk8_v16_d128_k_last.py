@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T15:10:09Z
+# measured    up to 2026-11-30T17:06:07Z
 # workloads   132 (workload-set digest 5452551969e9acfa)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 7.30% mean, 73.99% max;
 #             1.200x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 15.70% mean, 182.26% max;
-#             1.597x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.77% mean, 122.28% max;
+#             1.934x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
@@ -53,17 +53,16 @@
 #   10. total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 45 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 7 and num_seqs <= 7 and mean_seq_len <= 31: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 179 and mean_seq_len > 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 4.91x (3.65x .. 5.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 280 and num_seqs > 7 and mean_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 19 workloads, 2.19x (1.15x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 7 < total_seq_len <= 280 and num_seqs <= 7 and mean_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.05x (3.25x .. 6.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   5. 179 < total_seq_len <= 462 and mean_seq_len > 31: triton_prefill_fused.c16v32, 8 workloads, 3.31x (2.94x .. 4.38x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len > 280 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.83x (1.19x .. 2.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 280 and 3 < mean_seq_len <= 31: cuda_prefill_staged.r64s4, 17 workloads, 1.56x (1.17x .. 2.30x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. 462 < total_seq_len <= 4876 and mean_seq_len > 970: cuda_prefill_staged.r64s4, 2 workloads, 3.33x (3.05x .. 3.64x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   9. 462 < total_seq_len <= 7643 and 31 < mean_seq_len <= 970: flashinfer_direct, 44 workloads, 1.88x (1.35x .. 3.77x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 31: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 31: flashinfer_direct, 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 326 and num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 31 workloads, 4.64x (1.77x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   2. total_seq_len <= 397 and num_seqs > 17 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.32x (1.55x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
+#   3. total_seq_len <= 730 and num_seqs > 17 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.69x (1.63x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   4. 326 < total_seq_len <= 730 and num_seqs <= 8: flashinfer_direct, 8 workloads, 2.72x (1.77x .. 3.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8
+#   5. 326 < total_seq_len <= 730 and 8 < num_seqs <= 17: triton_prefill_fused.c16v64, 4 workloads, 1.93x (1.62x .. 2.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   6. 397 < total_seq_len <= 730 and num_seqs > 17 and mean_seq_len > 2: triton_prefill_fused.c16v64, 6 workloads, 1.74x (1.32x .. 2.17x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   7. 730 < total_seq_len <= 7643 and num_seqs <= 83: flashinfer_direct, 38 workloads, 2.01x (1.41x .. 3.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   8. 730 < total_seq_len <= 7643 and num_seqs > 83: cuda_prefill_staged.r64s4, 8 workloads, 1.54x (1.40x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. 7643 < total_seq_len <= 31258: flashinfer_direct, 22 workloads, 1.49x (1.12x .. 2.58x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 31258: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -81,17 +80,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (None, 7), 'total_seq_len': (None, 7)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (31, None), 'total_seq_len': (None, 179)}, 'workloads': 6, 'speedup': (3.65, 4.91, 5.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (7, None), 'total_seq_len': (None, 280)}, 'workloads': 19, 'speedup': (1.15, 2.19, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 31), 'num_seqs': (None, 7), 'total_seq_len': (7, 280)}, 'workloads': 6, 'speedup': (3.25, 5.05, 6.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (31, None), 'total_seq_len': (179, 462)}, 'workloads': 8, 'speedup': (2.94, 3.31, 4.38), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.19, 1.83, 2.61), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 31), 'total_seq_len': (280, None)}, 'workloads': 17, 'speedup': (1.17, 1.56, 2.3), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (970, None), 'total_seq_len': (462, 4876)}, 'workloads': 2, 'speedup': (3.05, 3.33, 3.64), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (31, 970), 'total_seq_len': (462, 7643)}, 'workloads': 44, 'speedup': (1.35, 1.88, 3.77), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (31, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (31, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 19, 'speedup': (1.16, 1.3, 1.59), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (None, 326)}, 'workloads': 31, 'speedup': (1.77, 4.64, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (17, None), 'total_seq_len': (None, 397)}, 'workloads': 4, 'speedup': (1.55, 2.32, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (17, None), 'total_seq_len': (None, 730)}, 'workloads': 9, 'speedup': (1.63, 2.69, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (326, 730)}, 'workloads': 8, 'speedup': (1.77, 2.72, 3.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (8, 17), 'total_seq_len': (326, 730)}, 'workloads': 4, 'speedup': (1.62, 1.93, 2.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (17, None), 'total_seq_len': (397, 730)}, 'workloads': 6, 'speedup': (1.32, 1.74, 2.17), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 83), 'total_seq_len': (730, 7643)}, 'workloads': 38, 'speedup': (1.41, 2.01, 3.42), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (83, None), 'total_seq_len': (730, 7643)}, 'workloads': 8, 'speedup': (1.4, 1.54, 1.63), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'total_seq_len': (7643, 31258)}, 'workloads': 22, 'speedup': (1.12, 1.49, 2.58), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (31258, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -139,39 +137,36 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 7 and num_seqs <= 7 and mean_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 6 workloads, 4.91x (3.65x .. 5.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 179 and mean_seq_len > 31:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 19 workloads, 2.19x (1.15x .. 3.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 7 and mean_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 5.05x (3.25x .. 6.30x) over vllm_flashinfer_prefill
-    if 7 < total_seq_len <= 280 and num_seqs <= 7 and mean_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 8 workloads, 3.31x (2.94x .. 4.38x) over vllm_flashinfer_prefill
-    if 179 < total_seq_len <= 462 and mean_seq_len > 31:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 4 workloads, 1.83x (1.19x .. 2.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 17 workloads, 1.56x (1.17x .. 2.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and 3 < mean_seq_len <= 31:
+    # region 1: 31 workloads, 4.64x (1.77x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 4 workloads, 2.32x (1.55x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 397 and num_seqs > 17 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 9 workloads, 2.69x (1.63x .. 3.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 730 and num_seqs > 17 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 8 workloads, 2.72x (1.77x .. 3.65x) over vllm_flashinfer_prefill
+    if 326 < total_seq_len <= 730 and num_seqs <= 8:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
+    # region 5: 4 workloads, 1.93x (1.62x .. 2.16x) over vllm_flashinfer_prefill
+    if 326 < total_seq_len <= 730 and 8 < num_seqs <= 17:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 6 workloads, 1.74x (1.32x .. 2.17x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 730 and num_seqs > 17 and mean_seq_len > 2:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 38 workloads, 2.01x (1.41x .. 3.42x) over vllm_flashinfer_prefill
+    if 730 < total_seq_len <= 7643 and num_seqs <= 83:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 8: 8 workloads, 1.54x (1.40x .. 1.63x) over vllm_flashinfer_prefill
+    if 730 < total_seq_len <= 7643 and num_seqs > 83:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 2 workloads, 3.33x (3.05x .. 3.64x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 4876 and mean_seq_len > 970:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 44 workloads, 1.88x (1.35x .. 3.77x) over vllm_flashinfer_prefill
-    if 462 < total_seq_len <= 7643 and 31 < mean_seq_len <= 970:
+    # region 9: 22 workloads, 1.49x (1.12x .. 2.58x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 31258:
         return 'flashinfer_direct'
-    # region 10: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 4 and mean_seq_len > 31:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 19 workloads, 1.30x (1.16x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 31:
-        return 'flashinfer_direct'
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 31258:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -182,8 +177,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.06% mean, 53.81% max;
 #             1.218x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.32% mean, 122.28% max;
-#             1.733x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.49% mean, 122.28% max;
+#             2.046x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -226,44 +221,38 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   39. total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
 #   40. total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 45 and num_seqs > 5 and 8 < max_seq_len <= 58: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 78 and num_seqs <= 5 and 21 < max_seq_len <= 58: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.27x (4.41x .. 5.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.26x (2.93x .. 3.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and 1008 < max_seq_len <= 2016: cuda_prefill_staged.r64s4, 3 workloads, 1.37x (1.17x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 2016: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 58 < max_seq_len <= 255: cuda_prefill_staged.r64s4, 3 workloads, 2.06x (1.89x .. 2.20x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 255 < max_seq_len <= 382: flashinfer_direct, 2 workloads, 1.35x (1.31x .. 1.40x) over vllm_flashinfer_prefill
-#   13. num_seqs <= 5 and 58 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.60x (3.65x .. 5.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. num_seqs <= 5 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   15. num_seqs <= 21 and 127 < max_seq_len <= 206: cuda_prefill_staged.r64s4, 8 workloads, 2.83x (1.54x .. 7.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   16. num_seqs <= 21 and 206 < max_seq_len <= 571: flashinfer_direct, 20 workloads, 2.44x (1.53x .. 3.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   17. num_seqs <= 21 and 571 < max_seq_len <= 910: cuda_prefill_staged.r64s4, 5 workloads, 2.25x (1.55x .. 4.20x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. num_seqs <= 21 and 910 < max_seq_len <= 5969: flashinfer_direct, 16 workloads, 1.78x (1.30x .. 2.77x) over vllm_flashinfer_prefill
-#   19. 5 < num_seqs <= 21 and 5969 < max_seq_len <= 16372: flashinfer_direct, 2 workloads, 1.23x (1.19x .. 1.27x) over vllm_flashinfer_prefill
-#   20. 5 < num_seqs <= 21 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   21. 22 < total_seq_len <= 78 and num_seqs <= 5 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.19x (6.08x .. 6.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. 45 < total_seq_len <= 78 and num_seqs > 5 and 8 < max_seq_len <= 58: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 78 < total_seq_len <= 181 and num_seqs <= 22 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.73x (2.73x .. 2.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 78 < total_seq_len <= 181 and num_seqs <= 22 and 21 < max_seq_len <= 58: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.78x (2.31x .. 5.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   25. 78 < total_seq_len <= 181 and 22 < num_seqs <= 71 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.51x (2.34x .. 2.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   26. 78 < total_seq_len <= 724 and num_seqs > 71 and 28 < max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   27. 78 < total_seq_len <= 1448 and num_seqs > 71 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.11x (1.75x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   28. 181 < total_seq_len <= 724 and 45 < num_seqs <= 71 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.26x (1.93x .. 2.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   29. total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 58: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 181 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 58: triton_prefill_fused.c16v64, 2 workloads, 1.62x (1.53x .. 1.72x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127: triton_prefill_fused.c16v64, 4 workloads, 1.70x (1.54x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008: cuda_prefill_staged.r64s4, 13 workloads, 1.63x (1.24x .. 2.30x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   33. total_seq_len > 724 and 45 < num_seqs <= 71 and max_seq_len <= 58: cuda_prefill_staged.r64s4, 2 workloads, 1.34x (1.32x .. 1.36x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 724 and num_seqs > 71 and 28 < max_seq_len <= 58: cuda_prefill_staged.r64s4, 2 workloads, 1.31x (1.22x .. 1.40x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 1448 and num_seqs > 71 and max_seq_len <= 28: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   36. 2896 < total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382: flashinfer_direct, 4 workloads, 1.29x (1.18x .. 1.40x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 1008: flashinfer_direct, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   38. total_seq_len > 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 58: flashinfer_direct, 3 workloads, 1.18x (1.16x .. 1.21x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 168 and 8 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 15 workloads, 5.29x (2.51x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   5. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.90x (3.48x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 1448 and num_seqs <= 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.22x (3.89x .. 4.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206: triton_prefill_fused.c16v64, 5 workloads, 2.75x (1.95x .. 4.31x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   9. num_seqs <= 5 and 8189 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   10. num_seqs <= 11 and 16372 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 0 workloads
+#   11. num_seqs <= 34 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   12. num_seqs <= 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   13. mean_seq_len <= 8 and 256 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 1.52x (1.40x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. mean_seq_len > 8 and 206 < max_seq_len <= 8189: flashinfer_direct, 59 workloads, 2.05x (1.18x .. 3.88x) over vllm_flashinfer_prefill
+#   15. num_seqs > 5 and 8189 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   16. num_seqs > 11 and 16372 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   17. num_seqs > 34 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+#   18. num_seqs > 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   19. 2 < total_seq_len <= 168 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   20. 36 < total_seq_len <= 168 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   21. 168 < total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.00x (6.00x .. 6.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. 168 < total_seq_len <= 724 and num_seqs > 45 and 33 < max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. 168 < total_seq_len <= 1448 and num_seqs > 45 and 11 < max_seq_len <= 33: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.27x (1.61x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 168 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.41x (2.06x .. 2.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 168 and num_seqs > 45 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.23x (1.74x .. 2.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   26. total_seq_len > 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127: triton_prefill_fused.c16v64, 7 workloads, 1.90x (1.63x .. 2.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   27. total_seq_len > 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 22 and 33 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 2 workloads, 1.56x (1.50x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   29. total_seq_len > 724 and num_seqs > 45 and mean_seq_len > 22 and 33 < max_seq_len <= 127: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 1448 and 8 < mean_seq_len <= 45 and 127 < max_seq_len <= 206: cuda_prefill_staged.r64s4, 3 workloads, 1.50x (1.40x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   31. total_seq_len > 1448 and mean_seq_len > 45 and 127 < max_seq_len <= 206: flashinfer_direct, 3 workloads, 1.46x (1.20x .. 1.78x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 1448 and num_seqs > 45 and 11 < max_seq_len <= 33: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.52x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
@@ -309,44 +298,38 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (None, 5), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 58), 'num_seqs': (5, None), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (7.27, 7.32, 7.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 58), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (4.41, 5.27, 5.77), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (2.93, 3.26, 3.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (58, 127), 'num_seqs': (5, 21), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.49, 1.49, 1.49), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (58, 1008), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (382, None), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1008, 2016), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (None, 5792)}, 'workloads': 3, 'speedup': (1.17, 1.37, 1.74), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2016, None), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, 255), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (None, 8980)}, 'workloads': 3, 'speedup': (1.89, 2.06, 2.2), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (255, 382), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (None, 8980)}, 'workloads': 2, 'speedup': (1.31, 1.35, 1.4), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (58, 127), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (3.65, 4.6, 5.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, None), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 206), 'num_seqs': (None, 21)}, 'workloads': 8, 'speedup': (1.54, 2.83, 7.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (206, 571), 'num_seqs': (None, 21)}, 'workloads': 20, 'speedup': (1.53, 2.44, 3.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (571, 910), 'num_seqs': (None, 21)}, 'workloads': 5, 'speedup': (1.55, 2.25, 4.2), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (910, 5969), 'num_seqs': (None, 21)}, 'workloads': 16, 'speedup': (1.3, 1.78, 2.77), 'fallbacks': ()},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (5969, 16372), 'num_seqs': (5, 21)}, 'workloads': 2, 'speedup': (1.19, 1.23, 1.27), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (5, 21)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (None, 5), 'total_seq_len': (22, 78)}, 'workloads': 2, 'speedup': (6.08, 6.19, 6.3), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 58), 'num_seqs': (5, None), 'total_seq_len': (45, 78)}, 'workloads': 2, 'speedup': (1.9, 2.24, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (None, 22), 'total_seq_len': (78, 181)}, 'workloads': 1, 'speedup': (2.73, 2.73, 2.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 58), 'num_seqs': (None, 22), 'total_seq_len': (78, 181)}, 'workloads': 3, 'speedup': (2.31, 3.78, 5.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'num_seqs': (22, 71), 'total_seq_len': (78, 181)}, 'workloads': 2, 'speedup': (2.34, 2.51, 2.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (28, 58), 'num_seqs': (71, None), 'total_seq_len': (78, 724)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'num_seqs': (71, None), 'total_seq_len': (78, 1448)}, 'workloads': 6, 'speedup': (1.75, 2.11, 2.75), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'num_seqs': (45, 71), 'total_seq_len': (181, 724)}, 'workloads': 4, 'speedup': (1.93, 2.26, 2.6), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 58), 'mean_seq_len': (22, None), 'num_seqs': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.53, 1.62, 1.72), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (58, 127), 'num_seqs': (5, 21), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.54, 1.7, 1.83), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (58, 1008), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (181, None)}, 'workloads': 13, 'speedup': (1.24, 1.63, 2.3), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 58), 'num_seqs': (45, 71), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.32, 1.34, 1.36), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 58), 'num_seqs': (71, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.22, 1.31, 1.4), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 28), 'num_seqs': (71, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (382, None), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (2896, 8980)}, 'workloads': 4, 'speedup': (1.18, 1.29, 1.4), 'fallbacks': ()},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1008, None), 'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (58, None), 'mean_seq_len': (45, None), 'num_seqs': (21, None), 'total_seq_len': (8980, None)}, 'workloads': 3, 'speedup': (1.16, 1.18, 1.21), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.46, 8.46, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (9.03, 9.03, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 127), 'total_seq_len': (None, 168)}, 'workloads': 15, 'speedup': (2.51, 5.29, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 3, 'speedup': (3.48, 3.9, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (127, 157), 'mean_seq_len': (None, 8), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (3.89, 4.22, 4.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, None), 'num_seqs': (2, None), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.95, 2.75, 4.31), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 34)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (157, 256), 'mean_seq_len': (None, 8), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (256, 8189), 'mean_seq_len': (None, 8)}, 'workloads': 4, 'speedup': (1.4, 1.52, 1.63), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (206, 8189), 'mean_seq_len': (8, None)}, 'workloads': 59, 'speedup': (1.18, 2.05, 3.88), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (34, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (157, 256), 'mean_seq_len': (None, 8), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (2, 168)}, 'workloads': 2, 'speedup': (3.03, 3.3, 3.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 168)}, 'workloads': 3, 'speedup': (3.32, 3.47, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (22, None), 'num_seqs': (None, 45), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (6.0, 6.0, 6.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (33, 127), 'num_seqs': (45, None), 'total_seq_len': (168, 724)}, 'workloads': 1, 'speedup': (2.45, 2.45, 2.45), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 33), 'num_seqs': (45, None), 'total_seq_len': (168, 1448)}, 'workloads': 5, 'speedup': (1.61, 2.27, 2.99), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (168, None)}, 'workloads': 4, 'speedup': (2.06, 2.41, 2.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (168, None)}, 'workloads': 6, 'speedup': (1.74, 2.23, 2.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (22, None), 'num_seqs': (None, 45), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.63, 1.9, 2.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 157), 'mean_seq_len': (None, 8), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, 127), 'mean_seq_len': (None, 22), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.5, 1.56, 1.62), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (33, 127), 'mean_seq_len': (22, None), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, 45), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.4, 1.5, 1.59), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.2, 1.46, 1.78), 'fallbacks': ()},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 33), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.52), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -481,115 +464,94 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs <= 5 and 4 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 1: 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and num_seqs > 5 and 8 < max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 7.32x (7.27x .. 7.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 5.27x (4.41x .. 5.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs <= 5 and 21 < max_seq_len <= 58:
+    if total_seq_len <= 36 and 4 < max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 4 workloads, 3.26x (2.93x .. 3.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 1.49x (1.49x .. 1.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, 1.37x (1.17x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and 1008 < max_seq_len <= 2016:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 2016:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 3 workloads, 2.06x (1.89x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 58 < max_seq_len <= 255:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 2 workloads, 1.35x (1.31x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and 255 < max_seq_len <= 382:
-        return 'flashinfer_direct'
-    # region 13: 3 workloads, 4.60x (3.65x .. 5.22x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 58 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 5 and max_seq_len > 5969:
+    # region 3: 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 15 workloads, 5.29x (2.51x .. 8.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and 8 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 3 workloads, 3.90x (3.48x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 2 workloads, 4.22x (3.89x .. 4.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 5 workloads, 2.75x (1.95x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 34 and max_seq_len > 18958:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 8 workloads, 2.83x (1.54x .. 7.06x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 127 < max_seq_len <= 206:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 20 workloads, 2.44x (1.53x .. 3.32x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 206 < max_seq_len <= 571:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 5 workloads, 2.25x (1.55x .. 4.20x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 571 < max_seq_len <= 910:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 16 workloads, 1.78x (1.30x .. 2.77x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 910 < max_seq_len <= 5969:
-        return 'flashinfer_direct'
-    # region 19: 2 workloads, 1.23x (1.19x .. 1.27x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 21 and 5969 < max_seq_len <= 16372:
-        return 'flashinfer_direct'
-    # region 21: 2 workloads, 6.19x (6.08x .. 6.30x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 78 and num_seqs <= 5 and 4 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 22: 2 workloads, 2.24x (1.90x .. 2.64x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 78 and num_seqs > 5 and 8 < max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 23: 1 workloads, 2.73x (2.73x .. 2.73x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 181 and num_seqs <= 22 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 3 workloads, 3.78x (2.31x .. 5.02x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 181 and num_seqs <= 22 and 21 < max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 25: 2 workloads, 2.51x (2.34x .. 2.69x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 181 and 22 < num_seqs <= 71 and max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 724 and num_seqs > 71 and 28 < max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 6 workloads, 2.11x (1.75x .. 2.75x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 1448 and num_seqs > 71 and max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 4 workloads, 2.26x (1.93x .. 2.60x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 724 and 45 < num_seqs <= 71 and max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 2 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 58:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 2 workloads, 1.62x (1.53x .. 1.72x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 58:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 31: 4 workloads, 1.70x (1.54x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 5 < num_seqs <= 21 and 58 < max_seq_len <= 127:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 13 workloads, 1.63x (1.24x .. 2.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 21 and mean_seq_len <= 45 and 58 < max_seq_len <= 1008:
+    # region 12: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
+    if num_seqs <= 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 4 workloads, 1.52x (1.40x .. 1.63x) over vllm_flashinfer_prefill
+    if mean_seq_len <= 8 and 256 < max_seq_len <= 8189:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 33: 2 workloads, 1.34x (1.32x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 45 < num_seqs <= 71 and max_seq_len <= 58:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 2 workloads, 1.31x (1.22x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 71 and 28 < max_seq_len <= 58:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 35: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 71 and max_seq_len <= 28:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 36: 4 workloads, 1.29x (1.18x .. 1.40x) over vllm_flashinfer_prefill
-    if 2896 < total_seq_len <= 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 382:
+    # region 14: 59 workloads, 2.05x (1.18x .. 3.88x) over vllm_flashinfer_prefill
+    if mean_seq_len > 8 and 206 < max_seq_len <= 8189:
         return 'flashinfer_direct'
-    # region 37: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs > 21 and mean_seq_len <= 45 and max_seq_len > 1008:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 5 and 8189 < max_seq_len <= 16372:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 38: 3 workloads, 1.18x (1.16x .. 1.21x) over vllm_flashinfer_prefill
-    if total_seq_len > 8980 and num_seqs > 21 and mean_seq_len > 45 and max_seq_len > 58:
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 11 and 16372 < max_seq_len <= 18958:
         return 'flashinfer_direct'
+    # region 17: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+    if num_seqs > 34 and max_seq_len > 18958:
+        return 'flashinfer_direct'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill
+    if 2 < total_seq_len <= 168 and mean_seq_len <= 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 168 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 1 workloads, 6.00x (6.00x .. 6.00x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 22: 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 724 and num_seqs > 45 and 33 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 5 workloads, 2.27x (1.61x .. 2.99x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 1448 and num_seqs > 45 and 11 < max_seq_len <= 33:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 4 workloads, 2.41x (2.06x .. 2.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 6 workloads, 2.23x (1.74x .. 2.69x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and num_seqs > 45 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 7 workloads, 1.90x (1.63x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, 1.56x (1.50x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 22 and 33 < max_seq_len <= 127:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 45 and mean_seq_len > 22 and 33 < max_seq_len <= 127:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 30: 3 workloads, 1.50x (1.40x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 8 < mean_seq_len <= 45 and 127 < max_seq_len <= 206:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 3 workloads, 1.46x (1.20x .. 1.78x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and mean_seq_len > 45 and 127 < max_seq_len <= 206:
+        return 'flashinfer_direct'
+    # region 32: 2 workloads, 1.43x (1.35x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 45 and 11 < max_seq_len <= 33:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
