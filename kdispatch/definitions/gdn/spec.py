@@ -330,6 +330,15 @@ def pool_prefill_grid(ranges: dict, measured: dict) -> list[dict]:
     return out
 
 
+# One long prompt, as an engine's chunked prefill sends it in chunks of 4-16k tokens: nothing had been
+# measured in one sequence between 2,048 tokens (1,024 in the pool and gathered sets) and 32,768, and the
+# eager router of vLLM's prefill at 8 value heads sent held-out 1 x 27,431 to `flashinfer_direct`, 1.8x
+# the baseline's time, whose FlashInfer call splits a long sequence (1,289 against 700 us; H200,
+# 2026-11-30). Last in each prefill set's grids: a grid shape's index picks a one-sequence shape's mix,
+# so shapes inserted before others would renew their uuids.
+LONG_PROMPT_GRIDS = ({"num_seqs": (1,), "total_seq_len": (4096, 8192, 16384)},)
+
+
 def _pool_prefill_spec(hq: int, hv: int) -> Spec:
     return Spec(
         short=f"gdn_prefill_pool_qk{hq}_v{hv}", family="gdn", build=build_prefill_pool,
@@ -383,9 +392,9 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # 32 sequences: between 16 and 64 the fit's threshold fell at 32, and
                                       # FlashInfer on the pool's slots lost to SGLang's gathered call from
                                       # fewer: held-out 24 x 8,906 at 4 value heads 132 us against 106 (H200,
-                                      # 2026-11-28). Last: a grid shape's index picks a one-sequence shape's
-                                      # mix, so shapes inserted earlier would renew those uuids.
-                                      {"num_seqs": (32,), "total_seq_len": (512, 1024, 2048, 8192)}),
+                                      # 2026-11-28).
+                                      {"num_seqs": (32,), "total_seq_len": (512, 1024, 2048, 8192)},
+                                      *LONG_PROMPT_GRIDS),  # last: see there
                           # Not in the set: one prompt of 768 / 1,536 / 2,048 / 3,072 tokens and two of
                           # 2,048 in every mix, measured on the H200 at every head count (2026-11-29; the
                           # rows stay in its store). Refit with them, the held-out scores moved both ways
@@ -738,7 +747,8 @@ SPECS = {
                                       # workloads had been measured there, and the grid above moved the regions
                                       # they had held (held-out 17 x 24 and 10 x 33 tokens went to the fused
                                       # chunks, 2x and 1.4x slower than the rows kernel; H200, 2026-11-29)
-                                      {"num_seqs": (12, 24), "total_seq_len": (24, 48, 96, 192)}),
+                                      {"num_seqs": (12, 24), "total_seq_len": (24, 48, 96, 192)},
+                                      *LONG_PROMPT_GRIDS),
                           grid_every_mix=True, one_mix=one_sequence),
         **_COMMON),
     **{packed_name(hq, hv): _packed_spec(hq, hv) for hq, hv in PACKED_HEADS.values()},
