@@ -251,13 +251,17 @@ def get(definition: str, name: str) -> Variant:
         raise KeyError(f"{full}: no variant {name!r}; registered: {known}") from None
 
 
-def baseline(definition: str, arch: str) -> Variant:
-    """The baseline of (definition, arch): the official library call where it runs, else the reference."""
-    found = _BASELINES.get((definition, arch))
+def baseline(definition: str, arch: str, runs=None) -> Variant:
+    """The baseline of (definition, arch): the official library call where it runs, else the reference.
+    `runs(variant)`: whether it runs on the machine meant, where that is not this one (planning another
+    machine's tune: its engine's package may not import here)."""
+    found = None if runs else _BASELINES.get((definition, arch))
     if found is None:
-        found = next((v for v in variants(definition) if v.baseline and v.why_not(arch) is None
+        here = runs or (lambda v: v.why_not(arch) is None)
+        found = next((v for v in variants(definition) if v.baseline and here(v)
                       and (ANY_ARCH in v.archs or arch in v.archs)), None) or get(definition, REFERENCE)
-        _BASELINES[(definition, arch)] = found
+        if runs is None:
+            _BASELINES[(definition, arch)] = found
     return found
 
 

@@ -804,6 +804,26 @@ def test_pending_lists_what_a_tune_would_measure_without_measuring(tmp_path, can
                          stream=io.StringIO()) == {DECODE: {"cand_a": 3, "cand_b": 3}}
 
 
+def test_a_tune_planned_for_another_machine_keeps_that_machines_baseline():
+    """`tune --pending` here for the GPU host's store: SGLang's package does not import here, so the pool
+    prefill's baseline would fall back to the reference; planned with what runs there (its rows), the
+    engine's call stays the baseline and the reference is not listed."""
+    from kdispatch import definitions
+    from kdispatch.tuner import plan as planning
+
+    registry.discover()
+    pool = definitions.resolve_name("gdn_prefill_pool_qk8_v16")
+    engine = next(v for v in registry.variants(pool) if v.baseline)
+    there = lambda v: v.why_not("sm90") is None or v is engine  # noqa: E731
+    assert registry.baseline(pool, "sm90", runs=there) is engine
+    assert registry.baseline(pool, "sm90", runs=lambda v: False).name == registry.REFERENCE
+    store = Store(":memory:")
+    p = planning.plan(store, store.add_env(ENV), "sm90", Path(__file__).parent.parent / "traces" / "coverage", pool,
+                      runs=there)
+    names = {n for n, _u in p.pending}
+    assert p.baseline == engine.name and engine.name in names and registry.REFERENCE not in names
+
+
 def test_a_crashing_worker_marks_the_variant_failed_and_the_run_goes_on(tmp_path, candidates):
     write_traces(tmp_path / "traces", (1, 4, 16, 64))
     r = flows.tune(tmp_path / "traces", definitions=["gdn_decode"], device="cpu", env={**ENV, "arch": "cpu"},

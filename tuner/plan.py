@@ -142,7 +142,7 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
     workloads = workload_dicts(roots, definition)
     if quick:
         workloads = quick_subset(definition, workloads)
-    base = registry.baseline(definition, arch)
+    base = registry.baseline(definition, arch, runs)
     chosen = {}
     for v in registry.variants(definition):
         if not (runs(v) if runs else v.why_not(arch) is None):
