@@ -3,7 +3,7 @@ environment: the part's definitions replace theirs (rows and summary), every oth
 A bench split over several GPU-machine calls (`retune.sh check` / `contest` with --definitions and
 TUNE_TAG) is put back together this way.
 
-    python benchmarks/merge_bench.py FULL.json PART.json     # FULL.json rewritten
+    python benchmarks/merge_bench.py FULL.json PART.json [PART.json ...]    # FULL.json rewritten
 """
 from __future__ import annotations
 
@@ -24,10 +24,15 @@ def merge(full: dict, part: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    full_path, part_path = map(Path, (argv or sys.argv[1:])[:2])
-    merged = merge(json.loads(full_path.read_text()), json.loads(part_path.read_text()))
+    paths = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if len(paths) < 2:
+        raise SystemExit("usage: merge_bench.py FULL.json PART.json [PART.json ...]")
+    full_path, parts = paths[0], paths[1:]
+    merged = json.loads(full_path.read_text())
+    for part_path in parts:  # each part checked and merged before anything is written
+        merged = merge(merged, json.loads(part_path.read_text()))
     full_path.write_text(json.dumps(merged, indent=1))
-    print(f"merged {part_path.name} into {full_path.name}: {len(merged['results'])} rows")
+    print(f"merged {', '.join(p.name for p in parts)} into {full_path.name}: {len(merged['results'])} rows")
     return 0
 
 

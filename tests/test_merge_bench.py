@@ -25,6 +25,20 @@ def test_the_part_replaces_its_definitions(tmp_path):
     assert sorted(r["uuid"] for r in got["results"]) == ["a-0", "a-1", "b-0", "c-0", "c-1"]
 
 
+def test_every_part_given_is_merged(tmp_path):
+    full, one, two = tmp_path / "full.json", tmp_path / "one.json", tmp_path / "two.json"
+    full.write_text(json.dumps(bench("e1", {"a": 2, "b": 3})))
+    one.write_text(json.dumps(bench("e1", {"a": 1})))
+    two.write_text(json.dumps(bench("e1", {"b": 1})))
+    assert merge_bench.main([str(full), str(one), str(two)]) == 0
+    assert json.loads(full.read_text())["summary"] == {"a": {"workloads": 1}, "b": {"workloads": 1}}
+
+
+def test_a_missing_part_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        merge_bench.main([str(tmp_path / "full.json")])
+
+
 @pytest.mark.parametrize("part", [bench("e2", {"a": 1}), bench("e1", {"a": 1}, complete=False)])
 def test_other_environments_and_unfinished_parts_are_refused(part):
     with pytest.raises(SystemExit):

@@ -425,6 +425,30 @@ def test_route_warns_where_a_definition_mixes_the_two_eager_protocols(tmp_path, 
     assert "toy_scale on CPU: 4 rows took their eager times in turns and 2 in each variant's own loop" in said.getvalue()
 
 
+def test_a_tune_warns_of_a_mix_only_on_the_workloads_of_its_sets(tmp_path, toy):
+    """Rows of a workload since dropped from the sets are neither fitted by `route` nor retaken by
+    `--eager-turns-only`: a tune that measures in turns does not count them as a mix (its advice to
+    retake would take nothing)."""
+    import dataclasses
+    import io
+
+    write_traces(tmp_path, (2, 5))
+    store = tmp_path / "store" / "cpu.sqlite"
+    kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, out=tmp_path / "routers", quick=True,
+              eager_turns=True, compile_routers=False)
+    flows.tune(tmp_path / "traces", stream=open(os.devnull, "w"), **kw)
+    row = Store.open(store).results(NAME)[0]
+    Store.open(store).put(dataclasses.replace(row, uuid=row.uuid + "-dropped", metrics={
+        k: v for k, v in row.metrics.items() if k != "eager_turns_s"}))  # an own-loop row, not in the sets
+    registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
+    try:
+        told = io.StringIO()
+        flows.tune(tmp_path / "traces", stream=told, **kw)
+    finally:
+        registry.unregister(NAME, "toy_twin")
+    assert "took their eager times in turns" not in told.getvalue()
+
+
 def test_eager_turns_only_retakes_the_stores_eager_times_in_turns(tmp_path, toy):
     """`tune --eager-turns-only` takes the eager times of a store's passing rows again, in turns (no
     gate, no graph timing): a definition of own-loop rows becomes one of turns, resumably; a workload

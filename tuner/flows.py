@@ -159,9 +159,12 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
         store.dump_jsonl()
     if not compile_routers and not eager_only:
         # no route to warn of a mix this tune made (new variants' own-loop rows among turns rows):
-        # say so here, where a held-out store's check would otherwise score unlike eager times
+        # say so here, where a held-out store's check would otherwise score unlike eager times; on
+        # the workloads of this tune's sets, as `route` fits and `--eager-turns-only` retakes (rows of
+        # workloads since dropped from the sets are neither)
+        in_sets = {p.definition: [w["uuid"] for w in p.workloads] for p in plans}
         for d in sorted({d for d, _, _ in result.measured}):
-            table = fitting.load_table(store, d, env["arch"])
+            table = fitting.load_table(store, d, env["arch"], in_sets[d])
             if table is not None:
                 _warn_mixed_eager(table, stream, "tune")
     if compile_routers:

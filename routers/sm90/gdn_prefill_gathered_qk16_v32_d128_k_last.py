@@ -6,21 +6,21 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T17:03:34Z
-# workloads   132 (workload-set digest 0a43ec6698a623cf)
+# measured    up to 2026-11-30T19:01:55Z
+# workloads   135 (workload-set digest 01d55d4f5ec16238)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  118/127  0.27x  [9 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/127  0.35x  [6 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/127  0.34x  [7 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/127  0.33x  [7 screened out]
-#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  132/132  1.07x
-#   flashinfer_direct               755eb6578bd0a1f3  132/132  1.14x
-#   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.48x  [2 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  129/132  0.56x  [3 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.67x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.14x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  118/129  0.27x  [11 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/129  0.35x  [8 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/129  0.34x  [9 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/129  0.33x  [9 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  135/135  1.06x
+#   flashinfer_direct               755eb6578bd0a1f3  135/135  1.13x
+#   triton_prefill_chunked.v64      2a710645e644b88e  130/135  0.48x  [5 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  129/135  0.56x  [6 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.67x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  135/135  1.12x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,10 +36,10 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.08% mean, 38.45% max;
-#             1.151x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.18% mean, 101.27% max;
-#             1.661x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.80% mean, 38.45% max;
+#             1.146x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.31% mean, 101.27% max;
+#             1.674x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 319 and 3 < num_seqs <= 5: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
@@ -50,17 +50,17 @@
 #   7. 319 < total_seq_len <= 1020 and num_seqs > 22: cuda_prefill_staged.r64s4, 11 workloads, 1.41x (1.14x .. 1.56x) over vllm_flashinfer_prefill
 #   8. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len <= 11: cuda_prefill_staged.r64s4, 7 workloads, 1.47x (1.43x .. 1.53x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 150 and num_seqs <= 3: cuda_prefill_pool_rows.k8c8, 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 150 and num_seqs > 3: cuda_prefill_pool_rows.k2c8, 17 workloads, 2.74x (1.62x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
 #   3. 150 < total_seq_len <= 451 and num_seqs <= 17: triton_prefill_fused.c16v64, 12 workloads, 2.35x (1.60x .. 3.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
 #   4. 150 < total_seq_len <= 451 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.16x (1.87x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. 451 < total_seq_len <= 26522 and mean_seq_len > 29: flashinfer_direct, 69 workloads, 1.67x (1.15x .. 3.67x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 451 and num_seqs <= 45 and 3 < mean_seq_len <= 29: triton_prefill_fused.c16v64, 4 workloads, 1.60x (1.36x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
-#   7. total_seq_len > 451 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.02x (1.83x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 451 and num_seqs > 45 and 3 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 13 workloads, 1.56x (1.41x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 26522 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. total_seq_len > 451 and num_seqs <= 45 and 3 < mean_seq_len <= 29: triton_prefill_fused.c16v64, 4 workloads, 1.60x (1.36x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   6. total_seq_len > 451 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.02x (1.83x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 451 and 29 < mean_seq_len <= 5792: flashinfer_direct, 71 workloads, 1.66x (1.12x .. 3.67x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 451 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   9. total_seq_len > 451 and num_seqs > 45 and 3 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 13 workloads, 1.56x (1.41x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -73,7 +73,7 @@ REGIONS = (
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.14, 1.41, 1.56), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 7, 'speedup': (1.43, 1.47, 1.53), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 55, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
 )
 
 REGIONS_EAGER = (
@@ -81,11 +81,11 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (None, 150)}, 'workloads': 17, 'speedup': (1.62, 2.74, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (150, 451)}, 'workloads': 12, 'speedup': (1.6, 2.35, 3.97), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (150, 451)}, 'workloads': 4, 'speedup': (1.87, 2.16, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (29, None), 'total_seq_len': (451, 26522)}, 'workloads': 69, 'speedup': (1.15, 1.67, 3.67), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 29), 'num_seqs': (None, 45), 'total_seq_len': (451, None)}, 'workloads': 4, 'speedup': (1.36, 1.6, 1.77), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (451, None)}, 'workloads': 4, 'speedup': (1.83, 2.02, 2.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 29), 'num_seqs': (45, None), 'total_seq_len': (451, None)}, 'workloads': 13, 'speedup': (1.41, 1.56, 1.62), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'total_seq_len': (26522, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (3, 29), 'num_seqs': (None, 45), 'total_seq_len': (451, None)}, 'workloads': 4, 'speedup': (1.36, 1.6, 1.77), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (451, None)}, 'workloads': 4, 'speedup': (1.83, 2.02, 2.15), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (29, 5792), 'total_seq_len': (451, None)}, 'workloads': 71, 'speedup': (1.12, 1.66, 3.67), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'total_seq_len': (451, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 29), 'num_seqs': (45, None), 'total_seq_len': (451, None)}, 'workloads': 13, 'speedup': (1.41, 1.56, 1.62), 'fallbacks': ('flashinfer_direct',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -121,9 +121,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 9: 55 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1980 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -142,21 +142,21 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 4: 4 workloads, 2.16x (1.87x .. 2.58x) over vllm_flashinfer_prefill
     if 150 < total_seq_len <= 451 and num_seqs > 17:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 69 workloads, 1.67x (1.15x .. 3.67x) over vllm_flashinfer_prefill
-    if 451 < total_seq_len <= 26522 and mean_seq_len > 29:
-        return 'flashinfer_direct'
-    # region 6: 4 workloads, 1.60x (1.36x .. 1.77x) over vllm_flashinfer_prefill
+    # region 5: 4 workloads, 1.60x (1.36x .. 1.77x) over vllm_flashinfer_prefill
     if total_seq_len > 451 and num_seqs <= 45 and 3 < mean_seq_len <= 29:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 4 workloads, 2.02x (1.83x .. 2.15x) over vllm_flashinfer_prefill
+    # region 6: 4 workloads, 2.02x (1.83x .. 2.15x) over vllm_flashinfer_prefill
     if total_seq_len > 451 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 13 workloads, 1.56x (1.41x .. 1.62x) over vllm_flashinfer_prefill
+    # region 7: 71 workloads, 1.66x (1.12x .. 3.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 451 and 29 < mean_seq_len <= 5792:
+        return 'flashinfer_direct'
+    # region 8: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 451 and mean_seq_len > 5792:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 13 workloads, 1.56x (1.41x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 451 and num_seqs > 45 and 3 < mean_seq_len <= 29:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 26522 and mean_seq_len > 29:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -165,10 +165,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.28% mean, 72.00% max;
-#             1.152x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.30% mean, 45.09% max;
-#             1.744x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.69% mean, 57.55% max;
+#             1.184x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.56% mean, 28.55% max;
+#             1.742x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and num_seqs <= 1: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 11 and 1 < num_seqs <= 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
@@ -196,12 +196,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   24. 41 < total_seq_len <= 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4
 #   25. 41 < total_seq_len <= 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
 #   26. total_seq_len > 41 and num_seqs > 3 and 2 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 23 workloads, 1.39x (1.10x .. 1.54x) over vllm_flashinfer_prefill
-#   27. 45 < total_seq_len <= 2314 and num_seqs <= 3: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   28. total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8
-#   29. total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 21: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.51x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   30. 2314 < total_seq_len <= 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   31. 3821 < total_seq_len <= 5792 and num_seqs <= 3: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 5792 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   27. total_seq_len > 45 and num_seqs <= 3 and max_seq_len <= 2314: vllm_flashinfer_prefill.cp_off, 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   28. total_seq_len > 45 and num_seqs <= 3 and max_seq_len > 2314: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   29. total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.54x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8
+#   30. total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 21: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.51x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 58 and num_seqs <= 5 and 13 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -224,16 +222,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   19. 181 < total_seq_len <= 451 and num_seqs <= 2 and mean_seq_len > 22 and 63 < max_seq_len <= 224: triton_prefill_fused.c16v64, 3 workloads, 3.62x (3.42x .. 3.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
 #   20. total_seq_len > 181 and num_seqs <= 45 and mean_seq_len <= 22 and 63 < max_seq_len <= 124: triton_prefill_fused.c16v64, 2 workloads, 1.76x (1.75x .. 1.77x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
 #   21. total_seq_len > 362 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len > 124: flashinfer_direct, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   22. 451 < total_seq_len <= 878 and mean_seq_len > 22 and 63 < max_seq_len <= 151: triton_prefill_fused.c16v64, 3 workloads, 1.98x (1.83x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   23. 451 < total_seq_len <= 878 and mean_seq_len > 22 and max_seq_len > 151: flashinfer_direct, 7 workloads, 1.96x (1.57x .. 3.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. 789 < total_seq_len <= 1357 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 789 and 25 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 5 workloads, 1.50x (1.41x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. total_seq_len > 789 and mean_seq_len > 11 and max_seq_len <= 25: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and 63 < max_seq_len <= 16383: flashinfer_direct, 36 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and max_seq_len > 16383: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   29. total_seq_len > 878 and num_seqs > 19 and mean_seq_len > 22 and 63 < max_seq_len <= 23080: flashinfer_direct, 20 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 878 and num_seqs > 19 and mean_seq_len > 22 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
-#   31. total_seq_len > 1357 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.57x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   22. 451 < total_seq_len <= 878 and 22 < mean_seq_len <= 5792 and 63 < max_seq_len <= 151: triton_prefill_fused.c16v64, 3 workloads, 1.98x (1.83x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   23. 451 < total_seq_len <= 878 and 22 < mean_seq_len <= 5792 and max_seq_len > 151: flashinfer_direct, 7 workloads, 1.96x (1.57x .. 3.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 451 and mean_seq_len > 5792 and max_seq_len > 63: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   25. 789 < total_seq_len <= 1357 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 789 and 25 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 5 workloads, 1.50x (1.41x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   27. total_seq_len > 789 and mean_seq_len > 11 and max_seq_len <= 25: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 878 and 22 < mean_seq_len <= 5792 and 63 < max_seq_len <= 16378: flashinfer_direct, 57 workloads, 1.63x (1.12x .. 3.67x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 878 and 22 < mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
+#   30. total_seq_len > 1357 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.57x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
@@ -262,12 +259,10 @@ REGIONS_HINTED = (
     {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (41, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4')},
     {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (41, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
     {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 11), 'num_seqs': (3, None), 'total_seq_len': (41, None)}, 'workloads': 23, 'speedup': (1.1, 1.39, 1.54), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (45, 2314)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.54, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.51, 1.54, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (2314, 3821)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2314), 'num_seqs': (None, 3), 'total_seq_len': (45, None)}, 'workloads': 14, 'speedup': (1.05, 2.25, 3.46), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, None), 'num_seqs': (None, 3), 'total_seq_len': (45, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (1.54, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.51, 1.54, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -292,16 +287,15 @@ REGIONS_HINTED_EAGER = (
     {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 224), 'mean_seq_len': (22, None), 'num_seqs': (None, 2), 'total_seq_len': (181, 451)}, 'workloads': 3, 'speedup': (3.42, 3.62, 3.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
     {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 124), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.75, 1.76, 1.77), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
     {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (124, None), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 151), 'mean_seq_len': (22, None), 'total_seq_len': (451, 878)}, 'workloads': 3, 'speedup': (1.83, 1.98, 2.13), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (151, None), 'mean_seq_len': (22, None), 'total_seq_len': (451, 878)}, 'workloads': 7, 'speedup': (1.57, 1.96, 3.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (789, 1357)}, 'workloads': 2, 'speedup': (1.69, 1.73, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (25, 63), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.41, 1.5, 1.62), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'total_seq_len': (789, None)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 16383), 'mean_seq_len': (22, None), 'num_seqs': (None, 19), 'total_seq_len': (878, None)}, 'workloads': 36, 'speedup': (1.23, 1.8, 3.67), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16383, None), 'mean_seq_len': (22, None), 'num_seqs': (None, 19), 'total_seq_len': (878, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 23080), 'mean_seq_len': (22, None), 'num_seqs': (19, None), 'total_seq_len': (878, None)}, 'workloads': 20, 'speedup': (1.12, 1.37, 1.65), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'mean_seq_len': (22, None), 'num_seqs': (19, None), 'total_seq_len': (878, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (1357, None)}, 'workloads': 2, 'speedup': (1.57, 1.57, 1.58), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 151), 'mean_seq_len': (22, 5792), 'total_seq_len': (451, 878)}, 'workloads': 3, 'speedup': (1.83, 1.98, 2.13), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (151, None), 'mean_seq_len': (22, 5792), 'total_seq_len': (451, 878)}, 'workloads': 7, 'speedup': (1.57, 1.96, 3.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (5792, None), 'total_seq_len': (451, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (789, 1357)}, 'workloads': 2, 'speedup': (1.69, 1.73, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (25, 63), 'total_seq_len': (789, None)}, 'workloads': 5, 'speedup': (1.41, 1.5, 1.62), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'total_seq_len': (789, None)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 16378), 'mean_seq_len': (22, 5792), 'total_seq_len': (878, None)}, 'workloads': 57, 'speedup': (1.12, 1.63, 3.67), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (22, 5792), 'total_seq_len': (878, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'total_seq_len': (1357, None)}, 'workloads': 2, 'speedup': (1.57, 1.57, 1.58), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -386,23 +380,17 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 41 and num_seqs > 3 and 2 < mean_seq_len <= 11:
         return 'cuda_prefill_staged.r64s4'
     # region 27: 14 workloads, 2.25x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 2314 and num_seqs <= 3:
+    if total_seq_len > 45 and num_seqs <= 3 and max_seq_len <= 2314:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 28: 4 workloads, 1.60x (1.54x .. 1.64x) over vllm_flashinfer_prefill
+    # region 28: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 45 and num_seqs <= 3 and max_seq_len > 2314:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 4 workloads, 1.60x (1.54x .. 1.64x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 2 workloads, 1.54x (1.51x .. 1.56x) over vllm_flashinfer_prefill
+    # region 30: 2 workloads, 1.54x (1.51x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len > 21:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2314 < total_seq_len <= 3821 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if 3821 < total_seq_len <= 5792 and num_seqs <= 3:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -473,30 +461,27 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 362 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len > 124:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
     # region 22: 3 workloads, 1.98x (1.83x .. 2.13x) over vllm_flashinfer_prefill
-    if 451 < total_seq_len <= 878 and mean_seq_len > 22 and 63 < max_seq_len <= 151:
+    if 451 < total_seq_len <= 878 and 22 < mean_seq_len <= 5792 and 63 < max_seq_len <= 151:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
     # region 23: 7 workloads, 1.96x (1.57x .. 3.44x) over vllm_flashinfer_prefill
-    if 451 < total_seq_len <= 878 and mean_seq_len > 22 and max_seq_len > 151:
+    if 451 < total_seq_len <= 878 and 22 < mean_seq_len <= 5792 and max_seq_len > 151:
         return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 451 and mean_seq_len > 5792 and max_seq_len > 63:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill
     if 789 < total_seq_len <= 1357 and mean_seq_len <= 11 and max_seq_len <= 25:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 5 workloads, 1.50x (1.41x .. 1.62x) over vllm_flashinfer_prefill
+    # region 26: 5 workloads, 1.50x (1.41x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and 25 < max_seq_len <= 63:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
+    # region 27: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
     if total_seq_len > 789 and mean_seq_len > 11 and max_seq_len <= 25:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 36 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and 63 < max_seq_len <= 16383:
+    # region 28: 57 workloads, 1.63x (1.12x .. 3.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 878 and 22 < mean_seq_len <= 5792 and 63 < max_seq_len <= 16378:
         return 'flashinfer_direct'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 878 and num_seqs <= 19 and mean_seq_len > 22 and max_seq_len > 16383:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 20 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 878 and num_seqs > 19 and mean_seq_len > 22 and 63 < max_seq_len <= 23080:
-        return 'flashinfer_direct'
-    # region 31: 2 workloads, 1.57x (1.57x .. 1.58x) over vllm_flashinfer_prefill
+    # region 30: 2 workloads, 1.57x (1.57x .. 1.58x) over vllm_flashinfer_prefill
     if total_seq_len > 1357 and mean_seq_len <= 11 and max_seq_len <= 25:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'

@@ -6,21 +6,21 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T17:04:42Z
-# workloads   132 (workload-set digest e9dd743e34bc8675)
+# measured    up to 2026-11-30T19:01:58Z
+# workloads   135 (workload-set digest 47c9de5b93381f3a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  121/126  0.60x  [5 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.48x  [6 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  122/126  0.53x  [4 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.60x  [4 screened out]
-#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  130/132  1.52x  [2 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  130/132  1.69x  [2 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.98x
-#   triton_prefill_fused.c16v32     49496897c400beaa  132/132  0.98x
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.98x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.62x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  121/128  0.60x  [7 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/128  0.48x  [8 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  122/128  0.53x  [6 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/128  0.60x  [6 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  132/135  1.48x  [3 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  132/135  1.65x  [3 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  134/135  0.96x  [1 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  132/135  0.98x  [3 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.98x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  134/135  1.58x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,10 +36,10 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 23.79% mean, 332.35% max;
-#             1.244x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.47% mean, 161.86% max;
-#             2.435x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 23.26% mean, 332.35% max;
+#             1.234x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.00% mean, 161.86% max;
+#             2.369x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
@@ -49,18 +49,18 @@
 #   6. 90 < total_seq_len <= 724 and num_seqs <= 1: flashinfer_direct, 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   7. 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 1.26x (1.11x .. 1.41x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   8. 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 5: flashinfer_direct, 26 workloads, 2.34x (1.06x .. 5.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads
 #   10. 803 < total_seq_len <= 1874 and num_seqs > 1: flashinfer_direct, 23 workloads, 1.61x (1.04x .. 5.82x) over vllm_flashinfer_prefill
 #   11. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 316 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.12x (2.84x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 718 and num_seqs > 3 and mean_seq_len > 2: cuda_prefill_pool_rows.k16c8, 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 6835 and num_seqs <= 3 and 2 < mean_seq_len <= 315: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 6835 and num_seqs <= 3 and mean_seq_len > 315: flashinfer_direct, 6 workloads, 2.99x (2.04x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. 316 < total_seq_len <= 6835 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
-#   6. 718 < total_seq_len <= 6835 and num_seqs > 3 and mean_seq_len > 2: flashinfer_direct, 41 workloads, 2.32x (1.43x .. 3.80x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 6835 and num_seqs <= 5: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. total_seq_len > 6835 and num_seqs > 5: flashinfer_direct, 19 workloads, 1.71x (1.14x .. 3.39x) over vllm_flashinfer_prefill
+#   2. total_seq_len <= 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448: cuda_prefill_pool_rows.k16c8, 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 5792 and mean_seq_len > 1448: flashinfer_direct, 2 workloads, 1.52x (1.14x .. 2.04x) over vllm_flashinfer_prefill
+#   4. num_seqs <= 3 and 2 < mean_seq_len <= 315: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. num_seqs <= 3 and 315 < mean_seq_len <= 1448: flashinfer_direct, 5 workloads, 3.22x (3.00x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   6. total_seq_len > 316 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
+#   7. total_seq_len > 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448: flashinfer_direct, 60 workloads, 2.11x (1.14x .. 3.80x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 5792 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 7 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -72,20 +72,20 @@ REGIONS = (
     {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (90, 724)}, 'workloads': 4, 'speedup': (1.44, 2.02, 2.73), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (1, None), 'total_seq_len': (181, 803)}, 'workloads': 7, 'speedup': (1.11, 1.26, 1.41), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (1, None), 'total_seq_len': (181, 803)}, 'workloads': 26, 'speedup': (1.06, 2.34, 5.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (803, 1874)}, 'workloads': 23, 'speedup': (1.04, 1.61, 5.82), 'fallbacks': ()},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 316)}, 'workloads': 8, 'speedup': (2.84, 4.12, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (None, 718)}, 'workloads': 38, 'speedup': (1.17, 4.52, 9.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 315), 'num_seqs': (None, 3), 'total_seq_len': (None, 6835)}, 'workloads': 11, 'speedup': (3.55, 5.7, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (315, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 6835)}, 'workloads': 6, 'speedup': (2.04, 2.99, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (316, 6835)}, 'workloads': 4, 'speedup': (1.39, 2.31, 2.98), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (3, None), 'total_seq_len': (718, 6835)}, 'workloads': 41, 'speedup': (1.43, 2.32, 3.8), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (6835, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (6835, None)}, 'workloads': 19, 'speedup': (1.14, 1.71, 3.39), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 1448), 'num_seqs': (3, None), 'total_seq_len': (None, 718)}, 'workloads': 38, 'speedup': (1.17, 4.52, 9.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.14, 1.52, 2.04), 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 315), 'num_seqs': (None, 3)}, 'workloads': 11, 'speedup': (3.55, 5.7, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (315, 1448), 'num_seqs': (None, 3)}, 'workloads': 5, 'speedup': (3.0, 3.22, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (316, None)}, 'workloads': 4, 'speedup': (1.39, 2.31, 2.98), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, 1448), 'num_seqs': (3, None), 'total_seq_len': (718, None)}, 'workloads': 60, 'speedup': (1.14, 2.11, 3.8), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (5792, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -118,9 +118,6 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 8: 26 workloads, 2.34x (1.06x .. 5.70x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 5:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs <= 1:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 10: 23 workloads, 1.61x (1.04x .. 5.82x) over vllm_flashinfer_prefill
     if 803 < total_seq_len <= 1874 and num_seqs > 1:
         return 'flashinfer_direct'
@@ -137,25 +134,22 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 316 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 718 and num_seqs > 3 and mean_seq_len > 2:
+    if total_seq_len <= 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6835 and num_seqs <= 3 and 2 < mean_seq_len <= 315:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 6 workloads, 2.99x (2.04x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 6835 and num_seqs <= 3 and mean_seq_len > 315:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 5: 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill
-    if 316 < total_seq_len <= 6835 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 41 workloads, 2.32x (1.43x .. 3.80x) over vllm_flashinfer_prefill
-    if 718 < total_seq_len <= 6835 and num_seqs > 3 and mean_seq_len > 2:
+    # region 3: 2 workloads, 1.52x (1.14x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and mean_seq_len > 1448:
         return 'flashinfer_direct'
-    # region 7: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6835 and num_seqs <= 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 19 workloads, 1.71x (1.14x .. 3.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 6835 and num_seqs > 5:
+    # region 4: 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and 2 < mean_seq_len <= 315:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 5 workloads, 3.22x (3.00x .. 3.48x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and 315 < mean_seq_len <= 1448:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'flashinfer_direct'
+    # region 6: 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 316 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 60 workloads, 2.11x (1.14x .. 3.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -165,10 +159,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.46% mean, 70.19% max;
-#             1.368x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.70% mean, 40.40% max;
-#             2.667x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.41% mean, 70.19% max;
+#             1.351x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.17% mean, 59.96% max;
+#             2.558x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -195,7 +189,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   23. total_seq_len <= 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 653: flashinfer_direct, 4 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   24. total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 54: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
 #   25. total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and 54 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
 #   27. total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   28. 51 < num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 70: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4
 #   29. num_seqs > 79 and mean_seq_len <= 12 and 70 < max_seq_len <= 399: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
@@ -210,62 +204,63 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   38. total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   39. total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
 #   40. total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 5 workloads, 1.35x (1.33x .. 1.38x) over vllm_flashinfer_prefill
-#   41. 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   42. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   43. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 3452: vllm_flashinfer_prefill (baseline), 0 workloads
-#   44. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   47. 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   48. total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   49. total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   50. total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
-#   51. total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   52. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   53. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   54. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   55. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   56. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   57. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   58. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
-#   59. total_seq_len > 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   60. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   61. total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   62. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   63. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
-#   64. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   65. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   66. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   67. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
-#   68. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   69. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   44. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   45. total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   46. 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   48. total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   49. total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
+#   50. total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   51. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4
+#   52. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   53. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   54. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   55. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   56. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   57. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   58. total_seq_len > 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   59. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   60. total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   61. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   62. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
+#   63. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   64. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 3 workloads
+#   65. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   66. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
+#   67. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   68. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 181 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 9 workloads, 4.85x (2.85x .. 7.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 362 and num_seqs <= 11 and 127 < max_seq_len <= 244: cuda_prefill_pool_rows.k16c8, 5 workloads, 4.69x (3.54x .. 5.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 362 and num_seqs > 11 and 127 < max_seq_len <= 244: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.05x (2.10x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 362 and num_seqs <= 10 and 127 < max_seq_len <= 180: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.55x (5.51x .. 5.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 362 and num_seqs <= 10 and 255 < max_seq_len <= 272: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.19x (4.19x .. 4.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 724 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.48x (6.20x .. 8.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   6. num_seqs <= 5 and 4095 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
-#   7. num_seqs <= 5 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   8. num_seqs <= 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   9. 244 < max_seq_len <= 4095: flashinfer_direct, 49 workloads, 2.51x (1.43x .. 4.15x) over vllm_flashinfer_prefill
-#   10. 5 < num_seqs <= 11 and 4095 < max_seq_len <= 8188: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-#   11. 5 < num_seqs <= 11 and max_seq_len > 8188: vllm_flashinfer_prefill (baseline), 0 workloads
-#   12. 11 < num_seqs <= 22 and 4095 < max_seq_len <= 7658: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   13. 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
-#   14. num_seqs > 22 and 4095 < max_seq_len <= 23080: flashinfer_direct, 4 workloads, 1.27x (1.14x .. 1.39x) over vllm_flashinfer_prefill
-#   15. num_seqs > 22 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
-#   16. num_seqs > 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   17. 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   18. 362 < total_seq_len <= 724 and 127 < max_seq_len <= 244: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.23x (3.73x .. 5.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   20. 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   21. total_seq_len > 724 and num_seqs <= 45 and 127 < max_seq_len <= 244: triton_prefill_fused.c16v64, 5 workloads, 3.87x (3.36x .. 4.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. total_seq_len > 724 and num_seqs > 45 and 127 < max_seq_len <= 244: flashinfer_direct, 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   23. 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   24. 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   25. 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 5792 and 31 < max_seq_len <= 127: flashinfer_direct, 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.06x (3.73x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 724 and num_seqs > 22 and 127 < max_seq_len <= 240: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   8. num_seqs <= 10 and mean_seq_len <= 158 and 180 < max_seq_len <= 255: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.36x (3.54x .. 4.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. num_seqs <= 10 and 272 < max_seq_len <= 4093: flashinfer_direct, 23 workloads, 3.06x (2.04x .. 4.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. num_seqs <= 10 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 8 workloads
+#   11. num_seqs <= 10 and mean_seq_len > 158 and 180 < max_seq_len <= 255: triton_prefill_fused.c16v32, 2 workloads, 4.01x (3.89x .. 4.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. num_seqs <= 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   13. 10 < num_seqs <= 22 and 231 < max_seq_len <= 7658: flashinfer_direct, 9 workloads, 2.65x (1.48x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   14. 10 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
+#   15. num_seqs > 22 and 240 < max_seq_len <= 16368: flashinfer_direct, 19 workloads, 1.53x (1.14x .. 1.89x) over vllm_flashinfer_prefill
+#   16. num_seqs > 22 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
+#   17. num_seqs > 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   18. 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 362 and num_seqs <= 10 and 127 < max_seq_len <= 180: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.83x (4.03x .. 5.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. total_seq_len > 362 and num_seqs <= 10 and 255 < max_seq_len <= 272: triton_prefill_fused.c16v32, 2 workloads, 3.68x (3.40x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   21. total_seq_len > 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   22. 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   23. total_seq_len > 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231: triton_prefill_fused.c16v64, 2 workloads, 3.84x (3.77x .. 3.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   24. total_seq_len > 724 and num_seqs > 22 and 127 < max_seq_len <= 240: flashinfer_direct, 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   25. 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   26. 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   27. 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 5792 and 31 < max_seq_len <= 127: flashinfer_direct, 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
@@ -293,7 +288,7 @@ REGIONS_HINTED = (
     {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (70, 653), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, 70), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
     {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4')},
     {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 399), 'mean_seq_len': (None, 12), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': (), 'hand_back': True},
@@ -308,64 +303,65 @@ REGIONS_HINTED = (
     {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 22, 'speedup': (1.03, 2.25, 5.82), 'fallbacks': ()},
     {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (1.33, 1.35, 1.38), 'fallbacks': ()},
-    {'region': 41, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
     {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3452, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, 3452), 'mean_seq_len': (181, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.09, 1.51, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3452), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 49, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 362), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 51, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (90, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 53, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 55, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 57, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
-    {'region': 59, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (70, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 61, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
-    {'region': 62, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 63, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 64, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 65, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 66, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 68, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 69, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.09, 1.51, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 362), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (90, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4')},
+    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 56, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (70, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 60, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
+    {'region': 61, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 62, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 63, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 64, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 65, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 67, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 68, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (2.85, 4.85, 7.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (None, 11), 'total_seq_len': (None, 362)}, 'workloads': 5, 'speedup': (3.54, 4.69, 5.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (3.0, 6.91, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (11, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.1, 3.05, 4.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (127, 180), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (5.51, 5.55, 5.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (255, 272), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (4.19, 4.19, 4.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (3.0, 6.91, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (6.2, 7.48, 8.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4095, 5267), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (None, 5)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 30)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (244, 4095)}, 'workloads': 49, 'speedup': (1.43, 2.51, 4.15), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4095, 8188), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8188, None), 'num_seqs': (5, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 7658), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 23080), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.14, 1.27, 1.39), 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (30, None)}, 'workloads': 9, 'speedup': (2.39, 2.96, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (181, 1448)}, 'workloads': 8, 'speedup': (1.79, 3.8, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 244), 'total_seq_len': (362, 724)}, 'workloads': 3, 'speedup': (3.73, 4.23, 5.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (2.17, 3.06, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (3.45, 3.45, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (None, 45), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (3.36, 3.87, 4.62), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 244), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.43, 1.61, 1.77), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (None, 90), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.75, 2.07, 2.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 49), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (2.4, 2.51, 2.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (90, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (31, 127), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 231), 'num_seqs': (10, 22), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (3.73, 4.06, 4.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 240), 'num_seqs': (22, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (180, 255), 'mean_seq_len': (None, 158), 'num_seqs': (None, 10)}, 'workloads': 3, 'speedup': (3.54, 4.36, 4.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (272, 4093), 'num_seqs': (None, 10)}, 'workloads': 23, 'speedup': (2.04, 3.06, 4.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 10)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (180, 255), 'mean_seq_len': (158, None), 'num_seqs': (None, 10)}, 'workloads': 2, 'speedup': (3.89, 4.01, 4.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 30)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (231, 7658), 'num_seqs': (10, 22)}, 'workloads': 9, 'speedup': (1.48, 2.65, 3.43), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (10, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (240, 16368), 'num_seqs': (22, None)}, 'workloads': 19, 'speedup': (1.14, 1.53, 1.89), 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (30, None)}, 'workloads': 9, 'speedup': (2.39, 2.96, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (181, 1448)}, 'workloads': 8, 'speedup': (1.79, 3.8, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 180), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (4.03, 4.83, 5.58), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (255, 272), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.4, 3.68, 3.99), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (2.17, 3.06, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (3.45, 3.45, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 231), 'num_seqs': (10, 22), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (3.77, 3.84, 3.91), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 240), 'num_seqs': (22, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.43, 1.61, 1.77), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (None, 90), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.75, 2.07, 2.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 49), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (2.4, 2.51, 2.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (90, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (31, 127), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -445,7 +441,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return 'cuda_prefill_staged.r64s4'
     # region 26: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+        return 'flashinfer_direct'
     # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
@@ -489,75 +485,72 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 70:
         return 'cuda_prefill_staged.r64s4'
     # region 41: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:
         return 'triton_prefill_chunked.v64'
     # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len > 181 and 2563 < max_seq_len <= 3452:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 46: 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill
+        return 'flashinfer_direct'
+    # region 45: 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    # region 48: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362:
         return 'cuda_prefill_staged.r64s4'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 52: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 51: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 52: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 55: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
+    # region 54: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 56: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 55: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 57: 0 workloads, by estimated times (no measured workload in it)
+    # region 56: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 58: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 57: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 59: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 58: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 636:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 60: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 59: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 61: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
+    # region 60: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70:
         return 'cuda_prefill_staged.r64s4'
-    # region 62: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
+    # region 61: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
     if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 64: 0 workloads, by estimated times (no measured workload in it)
+    # region 63: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 65: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 66: 0 workloads, by estimated times (no measured workload in it)
+    # region 65: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 68: 0 workloads, by estimated times (no measured workload in it)
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 67: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -569,70 +562,76 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 1: 9 workloads, 4.85x (2.85x .. 7.80x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 45 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 4.69x (3.54x .. 5.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 11 and 127 < max_seq_len <= 244:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill
+    # region 2: 2 workloads, 5.55x (5.51x .. 5.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 10 and 127 < max_seq_len <= 180:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 4.19x (4.19x .. 4.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 10 and 255 < max_seq_len <= 272:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill
     if total_seq_len <= 362 and 10 < max_seq_len <= 31:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 2 workloads, 3.05x (2.10x .. 4.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 11 and 127 < max_seq_len <= 244:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 5: 6 workloads, 7.48x (6.20x .. 8.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 31 < max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 5 and 4095 < max_seq_len <= 5267:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 5 and max_seq_len > 5267:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
+    # region 6: 2 workloads, 4.06x (3.73x .. 4.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 22 and 127 < max_seq_len <= 240:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 3 workloads, 4.36x (3.54x .. 4.96x) over vllm_flashinfer_prefill
+    if num_seqs <= 10 and mean_seq_len <= 158 and 180 < max_seq_len <= 255:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 23 workloads, 3.06x (2.04x .. 4.15x) over vllm_flashinfer_prefill
+    if num_seqs <= 10 and 272 < max_seq_len <= 4093:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 11: 2 workloads, 4.01x (3.89x .. 4.14x) over vllm_flashinfer_prefill
+    if num_seqs <= 10 and mean_seq_len > 158 and 180 < max_seq_len <= 255:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
     if num_seqs <= 30 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 49 workloads, 2.51x (1.43x .. 4.15x) over vllm_flashinfer_prefill
-    if 244 < max_seq_len <= 4095:
-        return 'flashinfer_direct'
-    # region 10: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 11 and 4095 < max_seq_len <= 8188:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 22 and 4095 < max_seq_len <= 7658:
+    # region 13: 9 workloads, 2.65x (1.48x .. 3.43x) over vllm_flashinfer_prefill
+    if 10 < num_seqs <= 22 and 231 < max_seq_len <= 7658:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 14: 4 workloads, 1.27x (1.14x .. 1.39x) over vllm_flashinfer_prefill
-    if num_seqs > 22 and 4095 < max_seq_len <= 23080:
+    # region 15: 19 workloads, 1.53x (1.14x .. 1.89x) over vllm_flashinfer_prefill
+    if num_seqs > 22 and 240 < max_seq_len <= 16368:
         return 'flashinfer_direct'
-    # region 16: 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill
+    # region 17: 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill
     if num_seqs > 30 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill
+    # region 18: 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 3 workloads, 4.23x (3.73x .. 5.01x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 724 and 127 < max_seq_len <= 244:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 19: 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill
+    # region 19: 3 workloads, 4.83x (4.03x .. 5.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 10 and 127 < max_seq_len <= 180:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 20: 2 workloads, 3.68x (3.40x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 10 and 255 < max_seq_len <= 272:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 21: 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and 10 < max_seq_len <= 31:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill
+    # region 22: 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 5 workloads, 3.87x (3.36x .. 4.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 45 and 127 < max_seq_len <= 244:
+    # region 23: 2 workloads, 3.84x (3.77x .. 3.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 45 and 127 < max_seq_len <= 244:
+    # region 24: 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 22 and 127 < max_seq_len <= 240:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 23: 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill
+    # region 25: 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill
+    # region 26: 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127:
         return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 26: 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and 31 < max_seq_len <= 127:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -644,26 +643,26 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return True
     if num_seqs > 79 and mean_seq_len <= 12 and 70 < max_seq_len <= 399:  # region 29
         return True
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 41
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 41
         return True
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 45
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 44
         return True
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 3452:  # region 47
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 46
         return True
-    if total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362:  # region 49
+    if total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362:  # region 48
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 53
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 52
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 55
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 54
         return True
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:  # region 57
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:  # region 56
         return True
-    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70:  # region 61
+    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70:  # region 60
         return True
-    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 62
+    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 61
         return True
-    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 64
+    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 63
         return True
-    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 66
+    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 65
         return True
     return False

@@ -6,22 +6,22 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T17:06:58Z
-# workloads   132 (workload-set digest aaf19f9483c4a210)
+# measured    up to 2026-11-30T19:02:04Z
+# workloads   135 (workload-set digest 73588bad20b5c853)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/126  0.46x  [6 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/126  0.42x  [6 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  121/126  0.46x  [5 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/126  0.49x  [4 screened out]
-#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  130/132  1.30x  [2 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  131/132  1.40x  [1 screened out]
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/128  0.46x  [8 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/128  0.42x  [8 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  121/128  0.46x  [7 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/128  0.49x  [6 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  132/135  1.27x  [3 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  133/135  1.37x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
-#   triton_prefill_chunked.v64      2a710645e644b88e  132/132  0.76x
-#   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.79x  [1 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.82x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.37x
+#   triton_prefill_chunked.v64      2a710645e644b88e  133/135  0.75x  [2 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  131/135  0.79x  [4 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.82x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  134/135  1.35x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -37,10 +37,10 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 10.02% mean, 199.25% max;
-#             1.194x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.42% mean, 76.16% max;
-#             2.306x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.79% mean, 199.25% max;
+#             1.186x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.06% mean, 76.16% max;
+#             2.272x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
@@ -51,17 +51,17 @@
 #   7. 399 < total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   8. total_seq_len > 399 and num_seqs > 13 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 1.42x (1.20x .. 1.49x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 19 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 402 and mean_seq_len > 75: cuda_prefill_pool_rows.k16c8, 6 workloads, 5.25x (3.26x .. 7.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 557 and num_seqs <= 17 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.81x (3.35x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
 #   3. total_seq_len <= 557 and 6 < mean_seq_len <= 75: cuda_prefill_pool_rows.k8c8, 31 workloads, 3.73x (1.28x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
 #   4. total_seq_len <= 557 and num_seqs > 17 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.59x (1.29x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
 #   5. 402 < total_seq_len <= 557 and mean_seq_len > 75: triton_prefill_fused.c16v32, 4 workloads, 3.71x (3.36x .. 4.20x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len > 557 and num_seqs <= 9 and mean_seq_len <= 6684: flashinfer_direct, 28 workloads, 2.61x (1.30x .. 3.84x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 557 and mean_seq_len > 7161: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   6. total_seq_len > 557 and num_seqs <= 9 and mean_seq_len <= 6179: flashinfer_direct, 29 workloads, 2.54x (1.18x .. 3.84x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 557 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 4 workloads
 #   8. total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 9: cuda_prefill_staged.r64s4, 7 workloads, 1.53x (1.36x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 557 and num_seqs > 9 and 9 < mean_seq_len <= 7161: flashinfer_direct, 35 workloads, 1.62x (1.23x .. 2.04x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 557 and num_seqs > 9 and 9 < mean_seq_len <= 6445: flashinfer_direct, 35 workloads, 1.62x (1.23x .. 2.04x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -74,7 +74,7 @@ REGIONS = (
     {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (399, 724)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 7, 'speedup': (1.2, 1.42, 1.49), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (724, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
@@ -83,10 +83,10 @@ REGIONS_EAGER = (
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (6, 75), 'total_seq_len': (None, 557)}, 'workloads': 31, 'speedup': (1.28, 3.73, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (17, None), 'total_seq_len': (None, 557)}, 'workloads': 11, 'speedup': (1.29, 2.59, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (75, None), 'total_seq_len': (402, 557)}, 'workloads': 4, 'speedup': (3.36, 3.71, 4.2), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 6684), 'num_seqs': (None, 9), 'total_seq_len': (557, None)}, 'workloads': 28, 'speedup': (1.3, 2.61, 3.84), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (7161, None), 'total_seq_len': (557, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 6179), 'num_seqs': (None, 9), 'total_seq_len': (557, None)}, 'workloads': 29, 'speedup': (1.18, 2.54, 3.84), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (557, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 7, 'speedup': (1.36, 1.53, 1.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, 7161), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 35, 'speedup': (1.23, 1.62, 2.04), 'fallbacks': ()},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, 6445), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 35, 'speedup': (1.23, 1.62, 2.04), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -122,9 +122,6 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 9: 37 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 16 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -146,17 +143,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 4 workloads, 3.71x (3.36x .. 4.20x) over vllm_flashinfer_prefill
     if 402 < total_seq_len <= 557 and mean_seq_len > 75:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 28 workloads, 2.61x (1.30x .. 3.84x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and num_seqs <= 9 and mean_seq_len <= 6684:
+    # region 6: 29 workloads, 2.54x (1.18x .. 3.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs <= 9 and mean_seq_len <= 6179:
         return 'flashinfer_direct'
-    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and mean_seq_len > 7161:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 8: 7 workloads, 1.53x (1.36x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 9:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 9: 35 workloads, 1.62x (1.23x .. 2.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and num_seqs > 9 and 9 < mean_seq_len <= 7161:
+    if total_seq_len > 557 and num_seqs > 9 and 9 < mean_seq_len <= 6445:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -166,10 +160,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.17% mean, 199.25% max;
-#             1.244x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.99% mean, 34.06% max;
-#             2.429x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.18% mean, 199.25% max;
+#             1.233x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.25% mean, 34.06% max;
+#             2.362x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
@@ -180,9 +174,9 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   7. total_seq_len <= 724 and num_seqs > 17 and 5 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 4 workloads, 1.22x (1.07x .. 1.33x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 1.19x (1.13x .. 1.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64
 #   9. total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 41: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 898: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   11. total_seq_len <= 1448 and 9 < num_seqs <= 17 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   13. total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 30 and max_seq_len <= 250: flashinfer_direct, 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
 #   14. total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   15. total_seq_len <= 5792 and 17 < num_seqs <= 45 and mean_seq_len > 30 and 250 < max_seq_len <= 316: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
@@ -190,7 +184,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   17. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   18. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   19. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   20. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   20. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 6 workloads
 #   21. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   22. 17 < num_seqs <= 45 and mean_seq_len > 30 and 316 < max_seq_len <= 408: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 #   23. num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11: cuda_prefill_staged.r64s4, 7 workloads, 1.33x (1.16x .. 1.49x) over vllm_flashinfer_prefill
@@ -210,10 +204,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   37. total_seq_len > 724 and num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 756: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   38. total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 3 workloads, 1.21x (1.19x .. 1.23x) over vllm_flashinfer_prefill
 #   39. total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 206: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 1448 and 9 < num_seqs <= 17 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   43. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   41. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   43. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   44. total_seq_len > 2896 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 250: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
 #   45. total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and max_seq_len <= 74: cuda_prefill_staged.r64s4, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
 #   46. total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and 74 < max_seq_len <= 250: cuda_prefill_staged.r64s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
@@ -243,16 +237,17 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   14. 362 < total_seq_len <= 929 and 31 < max_seq_len <= 47: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.10x (2.92x .. 3.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
 #   15. 362 < total_seq_len <= 929 and num_seqs > 133 and max_seq_len > 244: cuda_prefill_staged.r64s4, 2 workloads, 1.59x (1.55x .. 1.64x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
 #   16. 929 < total_seq_len <= 2896 and max_seq_len <= 59: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.22x (1.88x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   17. 929 < total_seq_len <= 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233: triton_prefill_fused.c16v64, 6 workloads, 2.39x (1.97x .. 4.35x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   18. total_seq_len > 929 and num_seqs <= 5 and 59 < max_seq_len <= 8189: flashinfer_direct, 16 workloads, 2.63x (1.31x .. 3.84x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 929 and num_seqs <= 5 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   20. total_seq_len > 929 and 5 < num_seqs <= 90 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   21. total_seq_len > 929 and 5 < num_seqs <= 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233: flashinfer_direct, 2 workloads, 1.72x (1.63x .. 1.81x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 929 and num_seqs > 5 and 233 < max_seq_len <= 16372: flashinfer_direct, 31 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
-#   23. total_seq_len > 929 and num_seqs > 90 and max_seq_len > 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   24. total_seq_len > 929 and num_seqs > 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233: cuda_prefill_staged.r64s4, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 929 < total_seq_len <= 9101 and 8180 < max_seq_len <= 16360: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   18. total_seq_len > 929 and num_seqs <= 7 and 4093 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   19. total_seq_len > 929 and num_seqs <= 7 and 4528 < max_seq_len <= 8180: flashinfer_direct, 4 workloads, 1.50x (1.31x .. 1.67x) over vllm_flashinfer_prefill
+#   20. total_seq_len > 929 and num_seqs <= 45 and 16360 < max_seq_len <= 32672: vllm_flashinfer_prefill (baseline), 1 workloads
+#   21. total_seq_len > 929 and 59 < max_seq_len <= 4093: flashinfer_direct, 49 workloads, 2.13x (1.24x .. 3.84x) over vllm_flashinfer_prefill
+#   22. total_seq_len > 929 and max_seq_len > 32672: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   23. total_seq_len > 929 and num_seqs > 7 and 4093 < max_seq_len <= 8180: flashinfer_direct, 5 workloads, 1.35x (1.23x .. 1.44x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 929 and num_seqs > 45 and 16360 < max_seq_len <= 32672: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   25. total_seq_len > 2896 and max_seq_len <= 59: cuda_prefill_staged.r64s4, 2 workloads, 1.56x (1.55x .. 1.57x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   26. total_seq_len > 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233: flashinfer_direct, 2 workloads, 1.38x (1.24x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 9101 and mean_seq_len <= 1448 and 8180 < max_seq_len <= 16360: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len > 9101 and mean_seq_len > 1448 and 8180 < max_seq_len <= 16360: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
@@ -264,9 +259,9 @@ REGIONS_HINTED = (
     {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, 11), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 4, 'speedup': (1.07, 1.22, 1.33), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.13, 1.19, 1.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
     {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 898), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 250), 'mean_seq_len': (30, None), 'num_seqs': (17, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.04, 1.07, 1.11), 'fallbacks': ()},
     {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (250, 316), 'mean_seq_len': (30, None), 'num_seqs': (17, 45), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
@@ -274,7 +269,7 @@ REGIONS_HINTED = (
     {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.37, 2.83, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (316, 408), 'mean_seq_len': (30, None), 'num_seqs': (17, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (17, None)}, 'workloads': 7, 'speedup': (1.16, 1.33, 1.49), 'fallbacks': ()},
@@ -294,10 +289,10 @@ REGIONS_HINTED = (
     {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (756, None), 'mean_seq_len': (5, 11), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 38, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.19, 1.21, 1.23), 'fallbacks': ()},
     {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, None), 'mean_seq_len': (11, 30), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 1081), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'num_seqs': (9, 17), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 962), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 250), 'mean_seq_len': (45, None), 'num_seqs': (17, 45), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 74), 'mean_seq_len': (30, 45), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
     {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (74, 250), 'mean_seq_len': (30, 45), 'num_seqs': (17, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
@@ -329,16 +324,17 @@ REGIONS_HINTED_EAGER = (
     {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 47), 'total_seq_len': (362, 929)}, 'workloads': 3, 'speedup': (2.92, 3.1, 3.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (244, None), 'num_seqs': (133, None), 'total_seq_len': (362, 929)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.64), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 59), 'total_seq_len': (929, 2896)}, 'workloads': 8, 'speedup': (1.88, 2.22, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (929, 3156)}, 'workloads': 6, 'speedup': (1.97, 2.39, 4.35), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 8189), 'num_seqs': (None, 5), 'total_seq_len': (929, None)}, 'workloads': 16, 'speedup': (1.31, 2.63, 3.84), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 5), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (5, 90), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (None, 45), 'num_seqs': (5, 181), 'total_seq_len': (929, None)}, 'workloads': 2, 'speedup': (1.63, 1.72, 1.81), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (233, 16372), 'num_seqs': (5, None), 'total_seq_len': (929, None)}, 'workloads': 31, 'speedup': (1.23, 1.8, 3.67), 'fallbacks': ()},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (90, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (None, 45), 'num_seqs': (181, None), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8180, 16360), 'total_seq_len': (929, 9101)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 7), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4528, 8180), 'num_seqs': (None, 7), 'total_seq_len': (929, None)}, 'workloads': 4, 'speedup': (1.31, 1.5, 1.67), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16360, 32672), 'num_seqs': (None, 45), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 4093), 'total_seq_len': (929, None)}, 'workloads': 49, 'speedup': (1.24, 2.13, 3.84), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32672, None), 'total_seq_len': (929, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, None), 'total_seq_len': (929, None)}, 'workloads': 5, 'speedup': (1.23, 1.35, 1.44), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (16360, 32672), 'num_seqs': (45, None), 'total_seq_len': (929, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 59), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.55, 1.56, 1.57), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (59, 233), 'mean_seq_len': (45, None), 'num_seqs': (5, None), 'total_seq_len': (3156, None)}, 'workloads': 2, 'speedup': (1.24, 1.38, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8180, 16360), 'mean_seq_len': (None, 1448), 'total_seq_len': (9101, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8180, 16360), 'mean_seq_len': (1448, None), 'total_seq_len': (9101, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -374,14 +370,14 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 9: 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 41:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 898:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and 9 < num_seqs <= 17 and max_seq_len > 898:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901:
+        return 'flashinfer_direct'
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 13: 6 workloads, 1.07x (1.04x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 17 and mean_seq_len > 30 and max_seq_len <= 250:
@@ -401,9 +397,6 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 19: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 41 < max_seq_len <= 1211:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and max_seq_len > 1211:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 21: 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
@@ -458,18 +451,18 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 724 and num_seqs > 17 and 11 < mean_seq_len <= 30 and max_seq_len > 206:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 1081:
-        return 'flashinfer_direct'
-    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 9 < num_seqs <= 17 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     # region 44: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 17 < num_seqs <= 45 and mean_seq_len > 45 and max_seq_len <= 250:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
@@ -557,39 +550,42 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 16: 8 workloads, 2.22x (1.88x .. 2.75x) over vllm_flashinfer_prefill
     if 929 < total_seq_len <= 2896 and max_seq_len <= 59:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 6 workloads, 2.39x (1.97x .. 4.35x) over vllm_flashinfer_prefill
-    if 929 < total_seq_len <= 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 16 workloads, 2.63x (1.31x .. 3.84x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs <= 5 and 59 < max_seq_len <= 8189:
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 929 < total_seq_len <= 9101 and 8180 < max_seq_len <= 16360:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and num_seqs <= 7 and 4093 < max_seq_len <= 4528:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 4 workloads, 1.50x (1.31x .. 1.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 7 and 4528 < max_seq_len <= 8180:
         return 'flashinfer_direct'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 929 and num_seqs <= 5 and max_seq_len > 8189:
+    # region 21: 49 workloads, 2.13x (1.24x .. 3.84x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and 59 < max_seq_len <= 4093:
+        return 'flashinfer_direct'
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 929 and max_seq_len > 32672:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 2 workloads, 1.72x (1.63x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and 5 < num_seqs <= 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 31 workloads, 1.80x (1.23x .. 3.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs > 5 and 233 < max_seq_len <= 16372:
+    # region 23: 5 workloads, 1.35x (1.23x .. 1.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs > 7 and 4093 < max_seq_len <= 8180:
         return 'flashinfer_direct'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 929 and num_seqs > 90 and max_seq_len > 16372:
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 929 and num_seqs > 45 and 16360 < max_seq_len <= 32672:
         return 'flashinfer_direct'
-    # region 24: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 929 and num_seqs > 181 and mean_seq_len <= 45 and 59 < max_seq_len <= 233:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 25: 2 workloads, 1.56x (1.55x .. 1.57x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and max_seq_len <= 59:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 2 workloads, 1.38x (1.24x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 3156 and num_seqs > 5 and mean_seq_len > 45 and 59 < max_seq_len <= 233:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 9101 and mean_seq_len <= 1448 and 8180 < max_seq_len <= 16360:
+        return 'flashinfer_direct'
+    # region 27: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 9101 and mean_seq_len > 1448 and 8180 < max_seq_len <= 16360:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 42
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 40
         return True
     if total_seq_len > 2896 and num_seqs > 17 and 30 < mean_seq_len <= 45 and 74 < max_seq_len <= 250:  # region 46
         return True

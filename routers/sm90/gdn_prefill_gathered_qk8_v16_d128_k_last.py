@@ -6,21 +6,21 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T17:06:07Z
-# workloads   132 (workload-set digest 5452551969e9acfa)
+# measured    up to 2026-11-30T19:02:10Z
+# workloads   135 (workload-set digest b698482d305aea2d)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  132/132  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/126  0.39x  [6 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/126  0.43x  [5 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/126  0.43x  [6 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/126  0.45x  [6 screened out]
-#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  131/132  1.28x  [1 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  131/132  1.36x  [1 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  130/132  0.66x  [2 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  131/132  0.72x  [1 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/132  0.80x  [1 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  132/132  1.34x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/128  0.39x  [8 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/128  0.43x  [7 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/128  0.43x  [8 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/128  0.45x  [8 screened out]
+#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  134/135  1.25x  [1 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  134/135  1.33x  [1 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  131/135  0.66x  [4 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  131/135  0.72x  [4 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.80x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  135/135  1.31x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,10 +36,10 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.30% mean, 73.99% max;
-#             1.200x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.77% mean, 122.28% max;
-#             1.934x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.13% mean, 73.99% max;
+#             1.192x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.40% mean, 85.11% max;
+#             1.968x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
@@ -51,7 +51,7 @@
 #   8. 168 < total_seq_len <= 771 and 7 < num_seqs <= 18: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 771 and num_seqs > 7 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 6 workloads, 1.43x (1.23x .. 1.51x) over vllm_flashinfer_prefill
 #   10. total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 45 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 326 and num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 31 workloads, 4.64x (1.77x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 397 and num_seqs > 17 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.32x (1.55x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
@@ -59,10 +59,10 @@
 #   4. 326 < total_seq_len <= 730 and num_seqs <= 8: flashinfer_direct, 8 workloads, 2.72x (1.77x .. 3.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8
 #   5. 326 < total_seq_len <= 730 and 8 < num_seqs <= 17: triton_prefill_fused.c16v64, 4 workloads, 1.93x (1.62x .. 2.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
 #   6. 397 < total_seq_len <= 730 and num_seqs > 17 and mean_seq_len > 2: triton_prefill_fused.c16v64, 6 workloads, 1.74x (1.32x .. 2.17x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   7. 730 < total_seq_len <= 7643 and num_seqs <= 83: flashinfer_direct, 38 workloads, 2.01x (1.41x .. 3.42x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   7. 730 < total_seq_len <= 7643 and num_seqs <= 83: flashinfer_direct, 39 workloads, 1.99x (1.41x .. 3.42x) over vllm_flashinfer_prefill
 #   8. 730 < total_seq_len <= 7643 and num_seqs > 83: cuda_prefill_staged.r64s4, 8 workloads, 1.54x (1.40x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. 7643 < total_seq_len <= 31258: flashinfer_direct, 22 workloads, 1.49x (1.12x .. 2.58x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 31258: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   9. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 7643 and num_seqs > 1: flashinfer_direct, 23 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -76,7 +76,7 @@ REGIONS = (
     {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (7, 18), 'total_seq_len': (168, 771)}, 'workloads': 10, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
     {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (7, None), 'total_seq_len': (771, None)}, 'workloads': 6, 'speedup': (1.23, 1.43, 1.51), 'fallbacks': ()},
     {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (7, None), 'total_seq_len': (771, None)}, 'workloads': 45, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 REGIONS_EAGER = (
@@ -86,10 +86,10 @@ REGIONS_EAGER = (
     {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (326, 730)}, 'workloads': 8, 'speedup': (1.77, 2.72, 3.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (8, 17), 'total_seq_len': (326, 730)}, 'workloads': 4, 'speedup': (1.62, 1.93, 2.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (17, None), 'total_seq_len': (397, 730)}, 'workloads': 6, 'speedup': (1.32, 1.74, 2.17), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 83), 'total_seq_len': (730, 7643)}, 'workloads': 38, 'speedup': (1.41, 2.01, 3.42), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 83), 'total_seq_len': (730, 7643)}, 'workloads': 39, 'speedup': (1.41, 1.99, 3.42), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (83, None), 'total_seq_len': (730, 7643)}, 'workloads': 8, 'speedup': (1.4, 1.54, 1.63), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'total_seq_len': (7643, 31258)}, 'workloads': 22, 'speedup': (1.12, 1.49, 2.58), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'total_seq_len': (31258, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (7643, None)}, 'workloads': 23, 'speedup': (1.12, 1.48, 2.58), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -128,9 +128,9 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 10: 45 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -155,18 +155,18 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 6 workloads, 1.74x (1.32x .. 2.17x) over vllm_flashinfer_prefill
     if 397 < total_seq_len <= 730 and num_seqs > 17 and mean_seq_len > 2:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 38 workloads, 2.01x (1.41x .. 3.42x) over vllm_flashinfer_prefill
+    # region 7: 39 workloads, 1.99x (1.41x .. 3.42x) over vllm_flashinfer_prefill
     if 730 < total_seq_len <= 7643 and num_seqs <= 83:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+        return 'flashinfer_direct'
     # region 8: 8 workloads, 1.54x (1.40x .. 1.63x) over vllm_flashinfer_prefill
     if 730 < total_seq_len <= 7643 and num_seqs > 83:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 22 workloads, 1.49x (1.12x .. 2.58x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 31258:
+    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 1:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 23 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 1:
         return 'flashinfer_direct'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 31258:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -175,10 +175,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.06% mean, 53.81% max;
-#             1.218x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.49% mean, 122.28% max;
-#             2.046x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.83% mean, 48.34% max;
+#             1.215x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.46% mean, 15.48% max;
+#             2.065x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -188,38 +188,38 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   11. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: flashinfer_direct, 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 2281: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   14. num_seqs <= 3 and 8 < mean_seq_len <= 90 and max_seq_len <= 44: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   15. num_seqs <= 3 and 8 < mean_seq_len <= 90 and 44 < max_seq_len <= 2281: flashinfer_direct, 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   16. num_seqs <= 3 and mean_seq_len > 90 and max_seq_len <= 2281: flashinfer_direct, 13 workloads, 1.88x (1.09x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   17. 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2281: flashinfer_direct, 19 workloads, 3.13x (1.16x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   18. 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   19. 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   20. 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1081: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   21. 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   22. num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830: cuda_prefill_staged.r64s4, 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
-#   23. num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166: cuda_prefill_staged.r64s4, 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
-#   25. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   26. num_seqs > 21 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   27. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   28. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   29. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
-#   30. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct
-#   31. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   33. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   36. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 4846: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
-#   38. 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4846: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   39. total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 5969: flashinfer_direct, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 5969: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 44: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   10. total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len > 44: flashinfer_direct, 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
+#   11. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   12. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26: flashinfer_direct, 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   15. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: flashinfer_direct, 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   16. 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   17. 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   18. 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   20. num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830: cuda_prefill_staged.r64s4, 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
+#   21. num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   22. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166: cuda_prefill_staged.r64s4, 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
+#   23. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   24. num_seqs > 21 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   25. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   26. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
+#   28. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct
+#   29. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181: flashinfer_direct, 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   31. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281: flashinfer_direct, 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655: flashinfer_direct, 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   35. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   36. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -229,13 +229,13 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   6. total_seq_len <= 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   7. total_seq_len <= 1448 and num_seqs <= 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.22x (3.89x .. 4.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   8. total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206: triton_prefill_fused.c16v64, 5 workloads, 2.75x (1.95x .. 4.31x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   9. num_seqs <= 5 and 8189 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   10. num_seqs <= 11 and 16372 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 0 workloads
+#   9. num_seqs <= 5 and 8189 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   10. num_seqs <= 11 and 16372 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   11. num_seqs <= 34 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   12. num_seqs <= 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   13. mean_seq_len <= 8 and 256 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 1.52x (1.40x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. mean_seq_len > 8 and 206 < max_seq_len <= 8189: flashinfer_direct, 59 workloads, 2.05x (1.18x .. 3.88x) over vllm_flashinfer_prefill
-#   15. num_seqs > 5 and 8189 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   14. mean_seq_len > 8 and 206 < max_seq_len <= 8189: flashinfer_direct, 60 workloads, 2.04x (1.18x .. 3.88x) over vllm_flashinfer_prefill
+#   15. num_seqs > 5 and 8189 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   16. num_seqs > 11 and 16372 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   17. num_seqs > 34 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
 #   18. num_seqs > 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
@@ -263,38 +263,38 @@ REGIONS_HINTED = (
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (None, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (8, 90), 'num_seqs': (None, 3)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 2281), 'mean_seq_len': (8, 90), 'num_seqs': (None, 3)}, 'workloads': 1, 'speedup': (3.21, 3.21, 3.21), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (90, None), 'num_seqs': (None, 3)}, 'workloads': 13, 'speedup': (1.09, 1.88, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (8, None), 'num_seqs': (3, 4)}, 'workloads': 19, 'speedup': (1.16, 3.13, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1081), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.15, 1.23, 1.3), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, 898), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 166), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (166, None), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.31, 1.51), 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (1233, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 4846), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, 10776)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4846, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (5792, 10776)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2281, 5969), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (10776, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5969, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 4), 'total_seq_len': (10776, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (8, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.21, 3.21, 3.21), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.47, 4.55, 4.62), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (None, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1016), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1016, None), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.15, 1.23, 1.3), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, 898), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 166), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (166, None), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.31, 1.51), 'fallbacks': ()},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (8, 181), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (2.47, 2.74, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 9, 'speedup': (1.09, 1.6, 2.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2655), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 16, 'speedup': (1.16, 2.92, 4.96), 'fallbacks': ()},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2655, 4399), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (1233, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -306,13 +306,13 @@ REGIONS_HINTED_EAGER = (
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (127, 157), 'mean_seq_len': (None, 8), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (3.89, 4.22, 4.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, None), 'num_seqs': (2, None), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.95, 2.75, 4.31), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (None, 11)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
     {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 34)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (157, 256), 'mean_seq_len': (None, 8), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (256, 8189), 'mean_seq_len': (None, 8)}, 'workloads': 4, 'speedup': (1.4, 1.52, 1.63), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (206, 8189), 'mean_seq_len': (8, None)}, 'workloads': 59, 'speedup': (1.18, 2.05, 3.88), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (206, 8189), 'mean_seq_len': (8, None)}, 'workloads': 60, 'speedup': (1.18, 2.04, 3.88), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (34, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
     {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (157, 256), 'mean_seq_len': (None, 8), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
@@ -362,102 +362,102 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    # region 9: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 44:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len > 44:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
+    # region 11: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 12: 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
+    # region 13: 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898:
         return 'cuda_prefill_staged.r64s4'
-    # region 11: 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    # region 15: 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 5792 and num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 2281:
-        return 'flashinfer_direct'
-    # region 14: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and 8 < mean_seq_len <= 90 and max_seq_len <= 44:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and 8 < mean_seq_len <= 90 and 44 < max_seq_len <= 2281:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'flashinfer_direct'
-    # region 16: 13 workloads, 1.88x (1.09x .. 3.25x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len > 90 and max_seq_len <= 2281:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 19 workloads, 3.13x (1.16x .. 4.96x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2281:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 18: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 16: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 17: 6 workloads, the baseline; its stand-ins where it cannot run here
     if 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1081:
-        return 'flashinfer_direct'
-    # region 21: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1081:
+    # region 18: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
+    # region 20: 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
     if num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830:
         return 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
+    # region 22: 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
     if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166:
         return 'cuda_prefill_staged.r64s4'
-    # region 25: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 13 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 13 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 21 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
     if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    # region 26: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
     if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 29: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    # region 27: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
     if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 30: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
     if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 31: 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
+    # region 29: 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 2 < mean_seq_len <= 8:
         return 'cuda_prefill_staged.r64s4'
-    # region 32: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
+    # region 30: 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 31: 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 32: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655:
+        return 'flashinfer_direct'
+    # region 34: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 33: 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+    # region 37: 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
     if total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13:
         return 'cuda_prefill_staged.r64s4'
-    # region 34: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    # region 38: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill
-    if 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 4846:
-        return 'flashinfer_direct'
-    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4846:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-    if total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and 2281 < max_seq_len <= 5969:
-        return 'flashinfer_direct'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 10776 and num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 5969:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -488,6 +488,12 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 8: 5 workloads, 2.75x (1.95x .. 4.31x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and 8189 < max_seq_len <= 16372:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 11 and 16372 < max_seq_len <= 18958:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 34 and max_seq_len > 18958:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
@@ -497,12 +503,12 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 13: 4 workloads, 1.52x (1.40x .. 1.63x) over vllm_flashinfer_prefill
     if mean_seq_len <= 8 and 256 < max_seq_len <= 8189:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 59 workloads, 2.05x (1.18x .. 3.88x) over vllm_flashinfer_prefill
+    # region 14: 60 workloads, 2.04x (1.18x .. 3.88x) over vllm_flashinfer_prefill
     if mean_seq_len > 8 and 206 < max_seq_len <= 8189:
         return 'flashinfer_direct'
     # region 15: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 5 and 8189 < max_seq_len <= 16372:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+        return 'flashinfer_direct'
     # region 16: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 11 and 16372 < max_seq_len <= 18958:
         return 'flashinfer_direct'
@@ -555,3 +561,10 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len > 1448 and num_seqs > 45 and 11 < max_seq_len <= 33:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
+
+
+def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:  # region 34
+        return True
+    return False

@@ -6,31 +6,31 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T15:20:59Z
-# workloads   298 (workload-set digest 8bc581a5106cc8a8)
+# measured    up to 2026-11-30T19:00:08Z
+# workloads   301 (workload-set digest 25858c279dda9cdc)
 # baseline    flashinfer
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   flashinfer                       4938b5b542b777bc  298/298  1.00x
-#   cuda_prefill_staged.r64s4        c4b2cf98a2f97f90  293/298  1.53x  [5 screened out]
-#   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  267/282  0.85x  [15 screened out]
-#   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  255/282  0.80x  [27 screened out]
-#   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  243/282  0.31x  [39 screened out]
-#   cuda_prefill_thread_rows.k2c16   09d6dc419402c053  247/282  0.51x  [35 screened out]
-#   cuda_prefill_thread_rows.k2c8    fe37bc3b453634d0  247/282  0.49x  [35 screened out]
-#   cuda_prefill_thread_rows.k4c16   ae94dd39ce72c56c  256/282  0.79x  [26 screened out]
-#   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  255/282  0.73x  [27 screened out]
-#   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  267/282  0.91x  [15 screened out]
-#   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  258/282  0.81x  [24 screened out]
-#   fla_chunk                        7a93eeb8692fe4f0  240/298  0.03x  [58 screened out]  [240 not graph-safe]
-#   flashinfer.cp_off                b4eece3015bb7b4c  295/298  1.68x  [3 screened out]
-#   flashinfer_direct                bcddfd5ab46d1db8  296/298  1.68x  [2 screened out]
+#   flashinfer                       4938b5b542b777bc  301/301  1.00x
+#   cuda_prefill_staged.r64s4        c4b2cf98a2f97f90  295/301  1.51x  [6 screened out]
+#   cuda_prefill_thread_rows.k16c16  1cae43410e19269c  267/284  0.85x  [17 screened out]
+#   cuda_prefill_thread_rows.k16c8   e2b09c8fccc795e4  255/284  0.80x  [29 screened out]
+#   cuda_prefill_thread_rows.k1c8    c2fe2cf897430e1c  243/284  0.31x  [41 screened out]
+#   cuda_prefill_thread_rows.k2c16   09d6dc419402c053  247/284  0.51x  [37 screened out]
+#   cuda_prefill_thread_rows.k2c8    fe37bc3b453634d0  247/284  0.49x  [37 screened out]
+#   cuda_prefill_thread_rows.k4c16   ae94dd39ce72c56c  256/284  0.79x  [28 screened out]
+#   cuda_prefill_thread_rows.k4c8    3bef3f9c24d93450  255/284  0.73x  [29 screened out]
+#   cuda_prefill_thread_rows.k8c16   ca3bc000126cd8b9  267/284  0.91x  [17 screened out]
+#   cuda_prefill_thread_rows.k8c8    0f40c878f0690621  258/284  0.81x  [26 screened out]
+#   fla_chunk                        7a93eeb8692fe4f0  240/301  0.03x  [61 screened out]  [240 not graph-safe]
+#   flashinfer.cp_off                b4eece3015bb7b4c  297/301  1.66x  [4 screened out]
+#   flashinfer_direct                bcddfd5ab46d1db8  299/301  1.66x  [2 screened out]
 #   flashqla_chunk                   5e5c152ba7fedf0f  0/0  -
 #   reference                        92f6f4739a2a173e  0/0  -
-#   triton_prefill_chunked.v16       ea060f186fe1287b  278/298  0.98x  [20 screened out]
-#   triton_prefill_chunked.v64       6d00e89064f7cc16  282/298  0.95x  [16 screened out]
-#   triton_prefill_fused.c16v32      fb6428ddba622888  298/298  1.17x
-#   triton_prefill_fused.c16v64      d797613afc23d91f  295/298  1.04x  [3 screened out]
-#   triton_prefill_recurrent         1b61fa10fb7e9611  260/298  0.52x  [38 screened out]
+#   triton_prefill_chunked.v16       ea060f186fe1287b  280/301  0.97x  [21 screened out]
+#   triton_prefill_chunked.v64       6d00e89064f7cc16  284/301  0.94x  [17 screened out]
+#   triton_prefill_fused.c16v32      fb6428ddba622888  298/301  1.17x  [3 screened out]
+#   triton_prefill_fused.c16v64      d797613afc23d91f  295/301  1.04x  [6 screened out]
+#   triton_prefill_recurrent         1b61fa10fb7e9611  260/301  0.52x  [41 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_staged.r64s4        cfg=(4, 4)
 #   cuda_prefill_thread_rows.k16c16  cfg=(16, 8, 16)
@@ -53,10 +53,10 @@
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
 #             (by 20% for fla_chunk: its time varies between processes)
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.28% mean, 258.15% max;
-#             1.360x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.91% mean, 81.40% max;
-#             2.907x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.19% mean, 258.15% max;
+#             1.351x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.45% mean, 142.53% max;
+#             2.813x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 6 and num_seqs <= 8 and mean_seq_len <= 6: triton_prefill_recurrent, 3 workloads, 10.55x (7.70x .. 13.60x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer.cp_off, flashinfer_direct, cuda_prefill_thread_rows.k1c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   2. total_seq_len <= 116 and 45 < mean_seq_len <= 92: triton_prefill_fused.c16v32, 11 workloads, 3.11x (2.71x .. 3.75x) over flashinfer; then flashinfer.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_recurrent, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v64
@@ -64,7 +64,7 @@
 #   4. total_seq_len <= 133 and num_seqs <= 8 and 6 < mean_seq_len <= 45: triton_prefill_fused.c16v32, 41 workloads, 4.55x (2.60x .. 7.36x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, flashinfer.cp_off, flashinfer_direct, cuda_prefill_thread_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   5. total_seq_len <= 1448 and 368 < mean_seq_len <= 518: flashinfer.cp_off, 10 workloads, 1.55x (1.17x .. 2.11x) over flashinfer; then flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64
 #   6. 518 < mean_seq_len <= 764: flashinfer.cp_off, 10 workloads, 1.38x (1.05x .. 3.04x) over flashinfer; then flashinfer_direct
-#   7. mean_seq_len > 764: flashinfer (baseline), 41 workloads; where it cannot run here, flashinfer.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   7. mean_seq_len > 764: flashinfer (baseline), 44 workloads
 #   8. 8 < num_seqs <= 48 and mean_seq_len <= 3: cuda_prefill_thread_rows.k4c8, 12 workloads, 1.80x (1.15x .. 2.15x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64
 #   9. 8 < num_seqs <= 48 and 3 < mean_seq_len <= 45: flashinfer (baseline), 26 workloads; where it cannot run here, flashinfer.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8
 #   10. num_seqs > 48 and mean_seq_len <= 10: cuda_prefill_staged.r64s4, 6 workloads, 1.31x (1.23x .. 1.43x) over flashinfer
@@ -75,20 +75,22 @@
 #   15. total_seq_len > 133 and num_seqs <= 8 and 6 < mean_seq_len <= 45: flashinfer.cp_off, 6 workloads, 4.45x (3.42x .. 5.16x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8
 #   16. total_seq_len > 1448 and 368 < mean_seq_len <= 518: flashinfer (baseline), 11 workloads; where it cannot run here, flashinfer.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 24 and num_seqs <= 11: cuda_prefill_thread_rows.k8c8, 20 workloads, 12.55x (10.05x .. 14.27x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer.cp_off
-#   2. total_seq_len <= 24 and num_seqs > 11: cuda_prefill_thread_rows.k4c8, 6 workloads, 5.27x (4.51x .. 6.00x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_recurrent, flashinfer_direct, cuda_prefill_staged.r64s4
-#   3. 24 < total_seq_len <= 81 and mean_seq_len <= 20: cuda_prefill_thread_rows.k8c8, 17 workloads, 7.26x (4.28x .. 12.60x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct
-#   4. 24 < total_seq_len <= 81 and mean_seq_len > 20: cuda_prefill_thread_rows.k16c16, 21 workloads, 10.08x (7.81x .. 12.12x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer.cp_off
-#   5. 81 < total_seq_len <= 539 and num_seqs <= 1: cuda_prefill_thread_rows.k16c16, 14 workloads, 5.60x (2.61x .. 8.74x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_recurrent, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer.cp_off
-#   6. 81 < total_seq_len <= 799 and 1 < num_seqs <= 79: cuda_prefill_thread_rows.k8c16, 104 workloads, 5.04x (1.77x .. 10.54x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   7. 81 < total_seq_len <= 799 and num_seqs > 79: cuda_prefill_thread_rows.k2c8, 4 workloads, 2.96x (2.25x .. 3.33x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k1c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct
-#   8. 539 < total_seq_len <= 799 and num_seqs <= 1: flashinfer_direct, 2 workloads, 2.75x (2.62x .. 2.87x) over flashinfer; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, flashinfer.cp_off, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
-#   9. 799 < total_seq_len <= 978 and num_seqs > 3: triton_prefill_fused.c16v32, 4 workloads, 2.63x (1.27x .. 3.46x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   10. 799 < total_seq_len <= 6861 and num_seqs <= 3: flashinfer_direct, 34 workloads, 2.22x (1.32x .. 3.03x) over flashinfer
-#   11. 978 < total_seq_len <= 1641 and num_seqs > 3: cuda_prefill_thread_rows.k4c16, 5 workloads, 2.10x (1.45x .. 3.79x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
-#   12. total_seq_len > 1641 and 3 < num_seqs <= 133: flashinfer_direct, 53 workloads, 1.62x (1.20x .. 2.99x) over flashinfer
-#   13. total_seq_len > 1641 and num_seqs > 133: flashinfer (baseline), 4 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, flashinfer.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, fla_chunk, triton_prefill_recurrent
-#   14. total_seq_len > 6861 and num_seqs <= 3: flashinfer (baseline), 10 workloads; where it cannot run here, flashinfer.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, fla_chunk, triton_prefill_recurrent
+#   1. total_seq_len <= 81 and mean_seq_len <= 20: cuda_prefill_thread_rows.k8c8, 41 workloads, 8.84x (4.28x .. 14.27x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct
+#   2. total_seq_len <= 81 and 20 < mean_seq_len <= 199: cuda_prefill_thread_rows.k16c16, 23 workloads, 10.16x (7.81x .. 12.12x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer.cp_off
+#   3. total_seq_len <= 539 and num_seqs <= 1 and mean_seq_len > 199: cuda_prefill_thread_rows.k16c16, 5 workloads, 3.81x (2.61x .. 4.62x) over flashinfer; then cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, flashinfer.cp_off, triton_prefill_recurrent
+#   4. total_seq_len <= 782 and num_seqs > 1 and mean_seq_len > 199: cuda_prefill_thread_rows.k8c16, 10 workloads, 3.54x (2.71x .. 5.36x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_thread_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k4c8, triton_prefill_chunked.v16, flashinfer.cp_off, triton_prefill_recurrent
+#   5. 81 < total_seq_len <= 840 and num_seqs <= 79 and mean_seq_len <= 199: cuda_prefill_thread_rows.k8c16, 103 workloads, 5.34x (1.77x .. 10.54x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   6. 81 < total_seq_len <= 840 and num_seqs > 79 and mean_seq_len <= 199: cuda_prefill_thread_rows.k2c8, 4 workloads, 2.96x (2.25x .. 3.33x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k1c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct
+#   7. 539 < total_seq_len <= 1003 and num_seqs <= 1 and mean_seq_len > 199: flashinfer_direct, 3 workloads, 2.73x (2.62x .. 2.87x) over flashinfer; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, flashinfer.cp_off
+#   8. 782 < total_seq_len <= 1003 and num_seqs > 1 and mean_seq_len > 199: triton_prefill_fused.c16v32, 7 workloads, 3.09x (2.69x .. 3.46x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, flashinfer.cp_off
+#   9. 840 < total_seq_len <= 7339 and num_seqs > 83 and mean_seq_len <= 199: cuda_prefill_staged.r64s4, 6 workloads, 1.45x (1.38x .. 1.53x) over flashinfer; then flashinfer_direct
+#   10. total_seq_len > 840 and num_seqs <= 21 and mean_seq_len <= 199: triton_prefill_fused.c16v64, 4 workloads, 1.71x (1.46x .. 2.03x) over flashinfer; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
+#   11. total_seq_len > 840 and 21 < num_seqs <= 83 and mean_seq_len <= 199: flashinfer_direct, 9 workloads, 1.36x (1.20x .. 1.50x) over flashinfer
+#   12. 1003 < total_seq_len <= 6861 and 199 < mean_seq_len <= 3435: flashinfer_direct, 53 workloads, 2.10x (1.25x .. 3.15x) over flashinfer
+#   13. 1003 < total_seq_len <= 6861 and mean_seq_len > 3435: flashinfer (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v16, flashinfer.cp_off, triton_prefill_chunked.v64
+#   14. total_seq_len > 6861 and num_seqs <= 3 and mean_seq_len > 199: flashinfer (baseline), 12 workloads
+#   15. total_seq_len > 6861 and num_seqs > 3 and mean_seq_len > 199: flashinfer_direct, 15 workloads, 1.33x (1.20x .. 1.48x) over flashinfer
+#   16. total_seq_len > 7339 and num_seqs > 83 and mean_seq_len <= 199: flashinfer (baseline), 4 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, flashinfer.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, fla_chunk, triton_prefill_recurrent
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -98,7 +100,7 @@ REGIONS = (
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 45), 'num_seqs': (None, 8), 'total_seq_len': (None, 133)}, 'workloads': 41, 'speedup': (2.6, 4.55, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'flashinfer.cp_off', 'bounds': {'mean_seq_len': (368, 518), 'total_seq_len': (None, 1448)}, 'workloads': 10, 'speedup': (1.17, 1.55, 2.11), 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'flashinfer.cp_off', 'bounds': {'mean_seq_len': (518, 764)}, 'workloads': 10, 'speedup': (1.05, 1.38, 3.04), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (764, None)}, 'workloads': 41, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (764, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
     {'region': 8, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (8, 48)}, 'workloads': 12, 'speedup': (1.15, 1.8, 2.15), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64')},
     {'region': 9, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3, 45), 'num_seqs': (8, 48)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 10), 'num_seqs': (48, None)}, 'workloads': 6, 'speedup': (1.23, 1.31, 1.43), 'fallbacks': ()},
@@ -111,20 +113,22 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (None, 24)}, 'workloads': 20, 'speedup': (10.05, 12.55, 14.27), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k4c8', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (None, 24)}, 'workloads': 6, 'speedup': (4.51, 5.27, 6.0), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 20), 'total_seq_len': (24, 81)}, 'workloads': 17, 'speedup': (4.28, 7.26, 12.6), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (20, None), 'total_seq_len': (24, 81)}, 'workloads': 21, 'speedup': (7.81, 10.08, 12.12), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (81, 539)}, 'workloads': 14, 'speedup': (2.61, 5.6, 8.74), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'num_seqs': (1, 79), 'total_seq_len': (81, 799)}, 'workloads': 104, 'speedup': (1.77, 5.04, 10.54), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'num_seqs': (79, None), 'total_seq_len': (81, 799)}, 'workloads': 4, 'speedup': (2.25, 2.96, 3.33), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k1c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (539, 799)}, 'workloads': 2, 'speedup': (2.62, 2.75, 2.87), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'flashinfer.cp_off', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (799, 978)}, 'workloads': 4, 'speedup': (1.27, 2.63, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (799, 6861)}, 'workloads': 34, 'speedup': (1.32, 2.22, 3.03), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'num_seqs': (3, None), 'total_seq_len': (978, 1641)}, 'workloads': 5, 'speedup': (1.45, 2.1, 3.79), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (3, 133), 'total_seq_len': (1641, None)}, 'workloads': 53, 'speedup': (1.2, 1.62, 2.99), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer', 'bounds': {'num_seqs': (133, None), 'total_seq_len': (1641, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'fla_chunk', 'triton_prefill_recurrent')},
-    {'region': 14, 'variant': 'flashinfer', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (6861, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'fla_chunk', 'triton_prefill_recurrent')},
+    {'region': 1, 'variant': 'cuda_prefill_thread_rows.k8c8', 'bounds': {'mean_seq_len': (None, 20), 'total_seq_len': (None, 81)}, 'workloads': 41, 'speedup': (4.28, 8.84, 14.27), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (20, 199), 'total_seq_len': (None, 81)}, 'workloads': 23, 'speedup': (7.81, 10.16, 12.12), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'mean_seq_len': (199, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 539)}, 'workloads': 5, 'speedup': (2.61, 3.81, 4.62), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'triton_prefill_recurrent')},
+    {'region': 4, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (199, None), 'num_seqs': (1, None), 'total_seq_len': (None, 782)}, 'workloads': 10, 'speedup': (2.71, 3.54, 5.36), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'triton_prefill_recurrent')},
+    {'region': 5, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'mean_seq_len': (None, 199), 'num_seqs': (None, 79), 'total_seq_len': (81, 840)}, 'workloads': 103, 'speedup': (1.77, 5.34, 10.54), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'mean_seq_len': (None, 199), 'num_seqs': (79, None), 'total_seq_len': (81, 840)}, 'workloads': 4, 'speedup': (2.25, 2.96, 3.33), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k1c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (199, None), 'num_seqs': (None, 1), 'total_seq_len': (539, 1003)}, 'workloads': 3, 'speedup': (2.62, 2.73, 2.87), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'flashinfer.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (199, None), 'num_seqs': (1, None), 'total_seq_len': (782, 1003)}, 'workloads': 7, 'speedup': (2.69, 3.09, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 199), 'num_seqs': (83, None), 'total_seq_len': (840, 7339)}, 'workloads': 6, 'speedup': (1.38, 1.45, 1.53), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 199), 'num_seqs': (None, 21), 'total_seq_len': (840, None)}, 'workloads': 4, 'speedup': (1.46, 1.71, 2.03), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 199), 'num_seqs': (21, 83), 'total_seq_len': (840, None)}, 'workloads': 9, 'speedup': (1.2, 1.36, 1.5), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (199, 3435), 'total_seq_len': (1003, 6861)}, 'workloads': 53, 'speedup': (1.25, 2.1, 3.15), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (3435, None), 'total_seq_len': (1003, 6861)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (199, None), 'num_seqs': (None, 3), 'total_seq_len': (6861, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (199, None), 'num_seqs': (3, None), 'total_seq_len': (6861, None)}, 'workloads': 15, 'speedup': (1.2, 1.33, 1.48), 'fallbacks': ()},
+    {'region': 16, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (None, 199), 'num_seqs': (83, None), 'total_seq_len': (7339, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'fla_chunk', 'triton_prefill_recurrent')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -151,9 +155,6 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 10 workloads, 1.38x (1.05x .. 3.04x) over flashinfer
     if 518 < mean_seq_len <= 764:
         return ('flashinfer.cp_off', 'flashinfer_direct') if inside else 'flashinfer.cp_off'
-    # region 7: 41 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 764:
-        return ('flashinfer', 'flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer'
     # region 8: 12 workloads, 1.80x (1.15x .. 2.15x) over flashinfer
     if 8 < num_seqs <= 48 and mean_seq_len <= 3:
         return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_thread_rows.k4c8'
@@ -187,48 +188,51 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 20 workloads, 12.55x (10.05x .. 14.27x) over flashinfer
-    if total_seq_len <= 24 and num_seqs <= 11:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 2: 6 workloads, 5.27x (4.51x .. 6.00x) over flashinfer
-    if total_seq_len <= 24 and num_seqs > 11:
-        return ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_thread_rows.k4c8'
-    # region 3: 17 workloads, 7.26x (4.28x .. 12.60x) over flashinfer
-    if 24 < total_seq_len <= 81 and mean_seq_len <= 20:
-        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k8c8'
-    # region 4: 21 workloads, 10.08x (7.81x .. 12.12x) over flashinfer
-    if 24 < total_seq_len <= 81 and mean_seq_len > 20:
+    # region 1: 41 workloads, 8.84x (4.28x .. 14.27x) over flashinfer
+    if total_seq_len <= 81 and mean_seq_len <= 20:
+        return ('cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k8c8'
+    # region 2: 23 workloads, 10.16x (7.81x .. 12.12x) over flashinfer
+    if total_seq_len <= 81 and 20 < mean_seq_len <= 199:
         return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 5: 14 workloads, 5.60x (2.61x .. 8.74x) over flashinfer
-    if 81 < total_seq_len <= 539 and num_seqs <= 1:
-        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_recurrent', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off') if inside else 'cuda_prefill_thread_rows.k16c16'
-    # region 6: 104 workloads, 5.04x (1.77x .. 10.54x) over flashinfer
-    if 81 < total_seq_len <= 799 and 1 < num_seqs <= 79:
+    # region 3: 5 workloads, 3.81x (2.61x .. 4.62x) over flashinfer
+    if total_seq_len <= 539 and num_seqs <= 1 and mean_seq_len > 199:
+        return ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k16c16'
+    # region 4: 10 workloads, 3.54x (2.71x .. 5.36x) over flashinfer
+    if total_seq_len <= 782 and num_seqs > 1 and mean_seq_len > 199:
+        return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c16'
+    # region 5: 103 workloads, 5.34x (1.77x .. 10.54x) over flashinfer
+    if 81 < total_seq_len <= 840 and num_seqs <= 79 and mean_seq_len <= 199:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 7: 4 workloads, 2.96x (2.25x .. 3.33x) over flashinfer
-    if 81 < total_seq_len <= 799 and num_seqs > 79:
+    # region 6: 4 workloads, 2.96x (2.25x .. 3.33x) over flashinfer
+    if 81 < total_seq_len <= 840 and num_seqs > 79 and mean_seq_len <= 199:
         return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k1c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 8: 2 workloads, 2.75x (2.62x .. 2.87x) over flashinfer
-    if 539 < total_seq_len <= 799 and num_seqs <= 1:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'flashinfer.cp_off', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 9: 4 workloads, 2.63x (1.27x .. 3.46x) over flashinfer
-    if 799 < total_seq_len <= 978 and num_seqs > 3:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 34 workloads, 2.22x (1.32x .. 3.03x) over flashinfer
-    if 799 < total_seq_len <= 6861 and num_seqs <= 3:
+    # region 7: 3 workloads, 2.73x (2.62x .. 2.87x) over flashinfer
+    if 539 < total_seq_len <= 1003 and num_seqs <= 1 and mean_seq_len > 199:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'flashinfer.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 7 workloads, 3.09x (2.69x .. 3.46x) over flashinfer
+    if 782 < total_seq_len <= 1003 and num_seqs > 1 and mean_seq_len > 199:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 6 workloads, 1.45x (1.38x .. 1.53x) over flashinfer
+    if 840 < total_seq_len <= 7339 and num_seqs > 83 and mean_seq_len <= 199:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 4 workloads, 1.71x (1.46x .. 2.03x) over flashinfer
+    if total_seq_len > 840 and num_seqs <= 21 and mean_seq_len <= 199:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 9 workloads, 1.36x (1.20x .. 1.50x) over flashinfer
+    if total_seq_len > 840 and 21 < num_seqs <= 83 and mean_seq_len <= 199:
         return 'flashinfer_direct'
-    # region 11: 5 workloads, 2.10x (1.45x .. 3.79x) over flashinfer
-    if 978 < total_seq_len <= 1641 and num_seqs > 3:
-        return ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k4c16'
-    # region 12: 53 workloads, 1.62x (1.20x .. 2.99x) over flashinfer
-    if total_seq_len > 1641 and 3 < num_seqs <= 133:
+    # region 12: 53 workloads, 2.10x (1.25x .. 3.15x) over flashinfer
+    if 1003 < total_seq_len <= 6861 and 199 < mean_seq_len <= 3435:
         return 'flashinfer_direct'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1641 and num_seqs > 133:
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1003 < total_seq_len <= 6861 and mean_seq_len > 3435:
+        return ('flashinfer', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer'
+    # region 15: 15 workloads, 1.33x (1.20x .. 1.48x) over flashinfer
+    if total_seq_len > 6861 and num_seqs > 3 and mean_seq_len > 199:
+        return 'flashinfer_direct'
+    # region 16: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7339 and num_seqs > 83 and mean_seq_len <= 199:
         return ('flashinfer', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'fla_chunk', 'triton_prefill_recurrent') if inside else 'flashinfer'
-    # region 14: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6861 and num_seqs <= 3:
-        return ('flashinfer', 'flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'fla_chunk', 'triton_prefill_recurrent') if inside else 'flashinfer'
     return 'flashinfer'
 
 
@@ -237,10 +241,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.59% mean, 72.57% max;
-#             1.408x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.86% mean, 72.92% max;
-#             2.915x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.51% mean, 72.57% max;
+#             1.398x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.41% mean, 72.92% max;
+#             2.880x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 8 and num_seqs <= 2 and 2 < max_seq_len <= 8: cuda_prefill_thread_rows.k16c16, 1 workloads, 8.68x (8.68x .. 8.68x) over flashinfer; then cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c16, triton_prefill_recurrent, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_staged.r64s4, flashinfer.cp_off, flashinfer_direct, cuda_prefill_thread_rows.k1c8
 #   2. total_seq_len <= 8 and num_seqs <= 8 and max_seq_len <= 2: triton_prefill_recurrent, 2 workloads, 12.35x (11.22x .. 13.60x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k1c8, cuda_prefill_staged.r64s4, flashinfer_direct
@@ -291,15 +295,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   47. total_seq_len > 582 and 34 < num_seqs <= 120 and mean_seq_len <= 34 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 5 workloads, 1.24x (1.18x .. 1.32x) over flashinfer
 #   48. total_seq_len > 582 and 34 < num_seqs <= 120 and mean_seq_len <= 34 and max_seq_len > 70: flashinfer (baseline), 2 workloads; where it cannot run here, flashinfer.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_chunked.v16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k1c8
 #   49. 957 < total_seq_len <= 1214 and num_seqs <= 8 and mean_seq_len > 701: flashinfer (baseline), 2 workloads; where it cannot run here, flashinfer.cp_off, flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c16
-#   50. 1214 < total_seq_len <= 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len <= 1410: flashinfer.cp_off, 3 workloads, 2.22x (1.60x .. 2.75x) over flashinfer
-#   51. 1214 < total_seq_len <= 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len > 1410: flashinfer (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer.cp_off, flashinfer_direct, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   52. total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len <= 299 and max_seq_len <= 1333: flashinfer.cp_off, 2 workloads, 3.06x (2.24x .. 4.17x) over flashinfer; then flashinfer_direct
-#   53. total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len <= 299 and max_seq_len > 1333: flashinfer (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer.cp_off, flashinfer_direct, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   50. 1214 < total_seq_len <= 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len <= 1333: flashinfer.cp_off, 2 workloads, 3.06x (2.24x .. 4.17x) over flashinfer
+#   51. 1214 < total_seq_len <= 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len > 1333: flashinfer (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer.cp_off, flashinfer_direct, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   52. total_seq_len > 1214 and num_seqs <= 5 and mean_seq_len <= 520 and max_seq_len <= 1384: flashinfer.cp_off, 3 workloads, 2.22x (1.60x .. 2.75x) over flashinfer
+#   53. total_seq_len > 1214 and num_seqs <= 5 and mean_seq_len <= 520 and max_seq_len > 1384: flashinfer (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v16, flashinfer.cp_off, flashinfer_direct, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   54. total_seq_len > 1214 and num_seqs <= 8 and 520 < mean_seq_len <= 764: flashinfer.cp_off, 8 workloads, 1.38x (1.05x .. 3.04x) over flashinfer; then flashinfer_direct
-#   55. total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len > 764 and max_seq_len <= 1264: flashinfer.cp_off, 5 workloads, 1.50x (1.13x .. 1.99x) over flashinfer; then flashinfer_direct
-#   56. total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len > 764 and max_seq_len > 1264: flashinfer (baseline), 31 workloads; where it cannot run here, flashinfer.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   57. total_seq_len > 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len <= 1370: flashinfer.cp_off, 2 workloads, 3.44x (3.31x .. 3.58x) over flashinfer
-#   58. total_seq_len > 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len > 1370: flashinfer (baseline), 4 workloads; where it cannot run here, flashinfer.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   55. total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len > 764 and max_seq_len <= 1264: flashinfer.cp_off, 5 workloads, 1.50x (1.13x .. 1.99x) over flashinfer
+#   56. total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len > 764 and max_seq_len > 1264: flashinfer (baseline), 34 workloads
+#   57. total_seq_len > 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len <= 1353: flashinfer.cp_off, 2 workloads, 3.44x (3.31x .. 3.58x) over flashinfer
+#   58. total_seq_len > 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len > 1353: flashinfer (baseline), 4 workloads; where it cannot run here, flashinfer.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 19 and num_seqs <= 13 and mean_seq_len <= 31 and max_seq_len <= 5: cuda_prefill_thread_rows.k8c8, 5 workloads, 12.91x (11.38x .. 14.27x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct
 #   2. total_seq_len <= 39 and 7 < num_seqs <= 13 and mean_seq_len <= 31 and 5 < max_seq_len <= 15: cuda_prefill_thread_rows.k8c8, 2 workloads, 5.52x (4.86x .. 6.27x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_recurrent, cuda_prefill_staged.r64s4, flashinfer_direct
@@ -320,42 +324,44 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   17. 105 < total_seq_len <= 863 and 5 < mean_seq_len <= 8 and max_seq_len > 35: cuda_prefill_thread_rows.k8c16, 3 workloads, 2.70x (2.58x .. 2.94x) over flashinfer; then cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
 #   18. 105 < total_seq_len <= 863 and 8 < mean_seq_len <= 31 and 15 < max_seq_len <= 48: cuda_prefill_thread_rows.k4c16, 6 workloads, 5.51x (2.29x .. 10.63x) over flashinfer; then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
 #   19. 105 < total_seq_len <= 863 and 8 < mean_seq_len <= 31 and max_seq_len > 48: cuda_prefill_thread_rows.k8c16, 7 workloads, 3.56x (1.77x .. 7.02x) over flashinfer; then cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   20. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and max_seq_len <= 110: cuda_prefill_thread_rows.k4c16, 2 workloads, 6.00x (4.92x .. 7.31x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer.cp_off
-#   21. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 110 < max_seq_len <= 254: cuda_prefill_thread_rows.k8c16, 5 workloads, 5.14x (4.78x .. 5.49x) over flashinfer; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer.cp_off
-#   22. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 254 < max_seq_len <= 433: triton_prefill_fused.c16v32, 4 workloads, 3.41x (2.89x .. 4.12x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, flashinfer.cp_off
-#   23. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 433 < max_seq_len <= 496: cuda_prefill_thread_rows.k8c16, 4 workloads, 3.39x (2.35x .. 4.07x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k8c8, flashinfer_direct, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c8, flashinfer.cp_off, triton_prefill_recurrent
-#   24. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and max_seq_len > 496: triton_prefill_fused.c16v32, 2 workloads, 2.74x (2.39x .. 3.13x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer.cp_off
-#   25. 506 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len <= 455: cuda_prefill_thread_rows.k8c16, 4 workloads, 3.43x (2.87x .. 4.14x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c8, flashinfer.cp_off, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
-#   26. 506 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len > 455: flashinfer_direct, 5 workloads, 2.85x (2.62x .. 3.20x) over flashinfer; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, flashinfer.cp_off
-#   27. 863 < total_seq_len <= 1448 and mean_seq_len > 13 and max_seq_len <= 127: cuda_prefill_thread_rows.k4c16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
-#   28. 863 < total_seq_len <= 3973 and num_seqs <= 52 and 127 < max_seq_len <= 216: triton_prefill_fused.c16v64, 3 workloads, 1.72x (1.58x .. 2.03x) over flashinfer; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
-#   29. 863 < total_seq_len <= 3973 and num_seqs > 52 and 127 < max_seq_len <= 216: cuda_prefill_staged.r64s4, 1 workloads, 1.39x (1.39x .. 1.39x) over flashinfer
-#   30. 863 < total_seq_len <= 6861 and 627 < mean_seq_len <= 4314 and max_seq_len > 2635: flashinfer_direct, 7 workloads, 1.42x (1.25x .. 1.69x) over flashinfer
-#   31. 863 < total_seq_len <= 11585 and 313 < mean_seq_len <= 627 and max_seq_len > 2635: flashinfer_direct, 2 workloads, 1.33x (1.25x .. 1.41x) over flashinfer
-#   32. 863 < total_seq_len <= 13165 and 313 < mean_seq_len <= 1254 and 1524 < max_seq_len <= 2635: flashinfer_direct, 9 workloads, 1.90x (1.20x .. 2.32x) over flashinfer
-#   33. 863 < total_seq_len <= 27254 and mean_seq_len <= 313 and max_seq_len > 1524: flashinfer_direct, 5 workloads, 1.27x (1.10x .. 1.69x) over flashinfer
-#   34. total_seq_len > 863 and num_seqs <= 15 and 216 < max_seq_len <= 498: triton_prefill_fused.c16v32, 7 workloads, 2.97x (1.60x .. 3.88x) over flashinfer; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   35. total_seq_len > 863 and num_seqs <= 15 and 498 < max_seq_len <= 1524: flashinfer_direct, 32 workloads, 2.45x (1.33x .. 3.03x) over flashinfer; then cuda_prefill_staged.r64s4
-#   36. total_seq_len > 863 and num_seqs <= 181 and mean_seq_len <= 13 and max_seq_len <= 127: cuda_prefill_thread_rows.k2c8, 2 workloads, 2.21x (1.89x .. 2.57x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, flashinfer_direct
-#   37. total_seq_len > 863 and mean_seq_len > 1254 and 1524 < max_seq_len <= 2635: flashinfer_direct, 3 workloads, 1.91x (1.55x .. 2.43x) over flashinfer
-#   38. total_seq_len > 863 and mean_seq_len > 4314 and 2635 < max_seq_len <= 7310: flashinfer_direct, 3 workloads, 1.42x (1.23x .. 1.73x) over flashinfer
-#   39. total_seq_len > 863 and mean_seq_len > 4314 and max_seq_len > 7310: flashinfer (baseline), 7 workloads; where it cannot run here, flashinfer.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, fla_chunk, triton_prefill_fused.c16v64, triton_prefill_recurrent
-#   40. total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 11 and 268 < max_seq_len <= 1524: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   41. total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 22 and 216 < max_seq_len <= 268: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   42. total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 11 and 268 < max_seq_len <= 1524: flashinfer_direct, 21 workloads, 1.37x (1.27x .. 1.50x) over flashinfer
-#   43. total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 22 and 216 < max_seq_len <= 268: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   44. total_seq_len > 863 and num_seqs > 181 and mean_seq_len <= 13 and max_seq_len <= 22: cuda_prefill_thread_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   45. total_seq_len > 863 and num_seqs > 181 and mean_seq_len <= 13 and 22 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   46. 1448 < total_seq_len <= 3059 and num_seqs <= 85 and mean_seq_len > 13 and max_seq_len <= 127: triton_prefill_fused.c16v64, 1 workloads, 1.80x (1.80x .. 1.80x) over flashinfer; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
-#   47. 1448 < total_seq_len <= 3059 and num_seqs > 85 and mean_seq_len > 13 and max_seq_len <= 127: cuda_prefill_staged.r64s4, 1 workloads, 1.51x (1.51x .. 1.51x) over flashinfer; then triton_prefill_fused.c16v64, flashinfer_direct
-#   48. total_seq_len > 3059 and mean_seq_len > 13 and max_seq_len <= 127: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.26x .. 1.39x) over flashinfer; then flashinfer_direct
-#   49. total_seq_len > 3973 and num_seqs <= 181 and 127 < max_seq_len <= 216: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   50. total_seq_len > 3973 and num_seqs > 181 and 127 < max_seq_len <= 216: flashinfer (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, flashinfer.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, fla_chunk, triton_prefill_recurrent
-#   51. total_seq_len > 6861 and 627 < mean_seq_len <= 4314 and max_seq_len > 2635: flashinfer (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c8, fla_chunk, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8, cuda_prefill_thread_rows.k1c8
-#   52. total_seq_len > 11585 and 313 < mean_seq_len <= 627 and max_seq_len > 2635: flashinfer (baseline), 0 workloads
-#   53. total_seq_len > 13165 and 313 < mean_seq_len <= 1254 and 1524 < max_seq_len <= 2635: flashinfer (baseline), 0 workloads
-#   54. total_seq_len > 27254 and mean_seq_len <= 313 and 1524 < max_seq_len <= 11585: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   55. total_seq_len > 27254 and mean_seq_len <= 313 and max_seq_len > 11585: flashinfer (baseline), 0 workloads
+#   20. 506 < total_seq_len <= 542 and mean_seq_len > 271 and max_seq_len <= 518: triton_prefill_fused.c16v32, 1 workloads, 2.75x (2.75x .. 2.75x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, flashinfer.cp_off
+#   21. 506 < total_seq_len <= 701 and mean_seq_len > 271 and max_seq_len > 518: flashinfer_direct, 2 workloads, 2.90x (2.62x .. 3.20x) over flashinfer; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_thread_rows.k16c16, triton_prefill_chunked.v16, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, flashinfer.cp_off, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8
+#   22. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and max_seq_len <= 110: cuda_prefill_thread_rows.k4c16, 2 workloads, 6.00x (4.92x .. 7.31x) over flashinfer; then cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer.cp_off
+#   23. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 110 < max_seq_len <= 254: cuda_prefill_thread_rows.k8c16, 5 workloads, 5.14x (4.78x .. 5.49x) over flashinfer; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer.cp_off
+#   24. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 254 < max_seq_len <= 433: triton_prefill_fused.c16v32, 4 workloads, 3.41x (2.89x .. 4.12x) over flashinfer; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, flashinfer.cp_off
+#   25. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 433 < max_seq_len <= 496: cuda_prefill_thread_rows.k8c16, 4 workloads, 3.39x (2.35x .. 4.07x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k8c8, flashinfer_direct, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c8, flashinfer.cp_off, triton_prefill_recurrent
+#   26. 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and max_seq_len > 496: triton_prefill_fused.c16v32, 2 workloads, 2.74x (2.39x .. 3.13x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer.cp_off
+#   27. 542 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len <= 518: cuda_prefill_thread_rows.k8c16, 4 workloads, 3.43x (2.87x .. 4.14x) over flashinfer; then cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k4c16, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k4c8, flashinfer.cp_off, triton_prefill_recurrent, cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k2c8
+#   28. 701 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len > 518: triton_prefill_fused.c16v32, 2 workloads, 2.90x (2.87x .. 2.92x) over flashinfer; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k16c16, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, cuda_prefill_thread_rows.k16c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k4c16, flashinfer.cp_off, cuda_prefill_thread_rows.k4c8, triton_prefill_recurrent
+#   29. 863 < total_seq_len <= 1448 and mean_seq_len > 13 and max_seq_len <= 127: cuda_prefill_thread_rows.k4c16, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
+#   30. 863 < total_seq_len <= 3973 and num_seqs <= 52 and 127 < max_seq_len <= 216: triton_prefill_fused.c16v64, 3 workloads, 1.72x (1.58x .. 2.03x) over flashinfer; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
+#   31. 863 < total_seq_len <= 3973 and num_seqs > 52 and 127 < max_seq_len <= 216: cuda_prefill_staged.r64s4, 1 workloads, 1.39x (1.39x .. 1.39x) over flashinfer
+#   32. 863 < total_seq_len <= 11585 and num_seqs <= 5 and 4095 < max_seq_len <= 4124: flashinfer (baseline), 1 workloads; where it cannot run here, flashinfer_direct, flashinfer.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   33. 863 < total_seq_len <= 11585 and num_seqs > 5 and 4095 < max_seq_len <= 4124: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   34. 863 < total_seq_len <= 23170 and mean_seq_len > 188 and 1713 < max_seq_len <= 4095: flashinfer_direct, 15 workloads, 1.63x (1.20x .. 2.43x) over flashinfer
+#   35. 863 < total_seq_len <= 27254 and mean_seq_len <= 362 and max_seq_len > 13984: flashinfer_direct, 1 workloads, 1.11x (1.11x .. 1.11x) over flashinfer
+#   36. total_seq_len > 863 and num_seqs <= 15 and 216 < max_seq_len <= 498: triton_prefill_fused.c16v32, 7 workloads, 2.97x (1.60x .. 3.88x) over flashinfer; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   37. total_seq_len > 863 and num_seqs <= 15 and 498 < max_seq_len <= 1713: flashinfer_direct, 36 workloads, 2.40x (1.33x .. 3.03x) over flashinfer; then cuda_prefill_staged.r64s4
+#   38. total_seq_len > 863 and num_seqs <= 181 and mean_seq_len <= 13 and max_seq_len <= 127: cuda_prefill_thread_rows.k2c8, 2 workloads, 2.21x (1.89x .. 2.57x) over flashinfer; then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_thread_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_thread_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k16c16, triton_prefill_fused.c16v32, flashinfer_direct
+#   39. total_seq_len > 863 and mean_seq_len <= 188 and 1713 < max_seq_len <= 4095: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over flashinfer
+#   40. total_seq_len > 863 and mean_seq_len <= 362 and 4124 < max_seq_len <= 13984: flashinfer_direct, 2 workloads, 1.22x (1.10x .. 1.36x) over flashinfer
+#   41. total_seq_len > 863 and mean_seq_len > 362 and 4124 < max_seq_len <= 6287: flashinfer_direct, 5 workloads, 1.42x (1.23x .. 1.73x) over flashinfer
+#   42. total_seq_len > 863 and mean_seq_len > 362 and max_seq_len > 6287: flashinfer (baseline), 12 workloads
+#   43. total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 11 and 268 < max_seq_len <= 1713: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 22 and 216 < max_seq_len <= 268: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   45. total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 11 and 268 < max_seq_len <= 1713: flashinfer_direct, 21 workloads, 1.37x (1.27x .. 1.50x) over flashinfer
+#   46. total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 22 and 216 < max_seq_len <= 268: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   47. total_seq_len > 863 and num_seqs > 181 and mean_seq_len <= 13 and max_seq_len <= 22: cuda_prefill_thread_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_thread_rows.k2c16, cuda_prefill_thread_rows.k4c16, cuda_prefill_thread_rows.k4c8, cuda_prefill_thread_rows.k8c8, cuda_prefill_thread_rows.k8c16, cuda_prefill_staged.r64s4, cuda_prefill_thread_rows.k1c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   48. total_seq_len > 863 and num_seqs > 181 and mean_seq_len <= 13 and 22 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   49. 1448 < total_seq_len <= 3059 and num_seqs <= 85 and mean_seq_len > 13 and max_seq_len <= 127: triton_prefill_fused.c16v64, 1 workloads, 1.80x (1.80x .. 1.80x) over flashinfer; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
+#   50. 1448 < total_seq_len <= 3059 and num_seqs > 85 and mean_seq_len > 13 and max_seq_len <= 127: cuda_prefill_staged.r64s4, 1 workloads, 1.51x (1.51x .. 1.51x) over flashinfer; then triton_prefill_fused.c16v64, flashinfer_direct
+#   51. total_seq_len > 3059 and mean_seq_len > 13 and max_seq_len <= 127: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.26x .. 1.39x) over flashinfer; then flashinfer_direct
+#   52. total_seq_len > 3973 and num_seqs <= 181 and 127 < max_seq_len <= 216: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
+#   53. total_seq_len > 3973 and num_seqs > 181 and 127 < max_seq_len <= 216: flashinfer (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, flashinfer.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_chunked.v16, fla_chunk, triton_prefill_recurrent
+#   54. total_seq_len > 11585 and mean_seq_len <= 362 and 4095 < max_seq_len <= 4124: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   55. total_seq_len > 11585 and mean_seq_len > 362 and 4095 < max_seq_len <= 4124: flashinfer (baseline), 0 workloads
+#   56. total_seq_len > 23170 and mean_seq_len > 188 and 1713 < max_seq_len <= 4095: flashinfer (baseline), 0 workloads
+#   57. total_seq_len > 27254 and mean_seq_len <= 362 and max_seq_len > 13984: flashinfer (baseline), 0 workloads
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_thread_rows.k16c16', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 2), 'total_seq_len': (None, 8)}, 'workloads': 1, 'speedup': (8.68, 8.68, 8.68), 'fallbacks': ('cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_thread_rows.k1c8')},
@@ -407,15 +413,15 @@ REGIONS_HINTED = (
     {'region': 47, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (None, 34), 'num_seqs': (34, 120), 'total_seq_len': (582, None)}, 'workloads': 5, 'speedup': (1.18, 1.24, 1.32), 'fallbacks': ()},
     {'region': 48, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (None, 34), 'num_seqs': (34, 120), 'total_seq_len': (582, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k1c8')},
     {'region': 49, 'variant': 'flashinfer', 'bounds': {'mean_seq_len': (701, None), 'num_seqs': (None, 8), 'total_seq_len': (957, 1214)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c16')},
-    {'region': 50, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1410), 'mean_seq_len': (299, 520), 'num_seqs': (None, 8), 'total_seq_len': (1214, 2508)}, 'workloads': 3, 'speedup': (1.6, 2.22, 2.75), 'fallbacks': ()},
-    {'region': 51, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1410, None), 'mean_seq_len': (299, 520), 'num_seqs': (None, 8), 'total_seq_len': (1214, 2508)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 52, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1333), 'mean_seq_len': (None, 299), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 2, 'speedup': (2.24, 3.06, 4.17), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 53, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1333, None), 'mean_seq_len': (None, 299), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 50, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1333), 'mean_seq_len': (None, 520), 'num_seqs': (5, 8), 'total_seq_len': (1214, 2508)}, 'workloads': 2, 'speedup': (2.24, 3.06, 4.17), 'fallbacks': ()},
+    {'region': 51, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1333, None), 'mean_seq_len': (None, 520), 'num_seqs': (5, 8), 'total_seq_len': (1214, 2508)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 52, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1384), 'mean_seq_len': (None, 520), 'num_seqs': (None, 5), 'total_seq_len': (1214, None)}, 'workloads': 3, 'speedup': (1.6, 2.22, 2.75), 'fallbacks': ()},
+    {'region': 53, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1384, None), 'mean_seq_len': (None, 520), 'num_seqs': (None, 5), 'total_seq_len': (1214, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 54, 'variant': 'flashinfer.cp_off', 'bounds': {'mean_seq_len': (520, 764), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 8, 'speedup': (1.05, 1.38, 3.04), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 55, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1264), 'mean_seq_len': (764, None), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 5, 'speedup': (1.13, 1.5, 1.99), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 56, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1264, None), 'mean_seq_len': (764, None), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 31, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 57, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1370), 'mean_seq_len': (299, 520), 'num_seqs': (None, 8), 'total_seq_len': (2508, None)}, 'workloads': 2, 'speedup': (3.31, 3.44, 3.58), 'fallbacks': ()},
-    {'region': 58, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1370, None), 'mean_seq_len': (299, 520), 'num_seqs': (None, 8), 'total_seq_len': (2508, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 55, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1264), 'mean_seq_len': (764, None), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 5, 'speedup': (1.13, 1.5, 1.99), 'fallbacks': ()},
+    {'region': 56, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1264, None), 'mean_seq_len': (764, None), 'num_seqs': (None, 8), 'total_seq_len': (1214, None)}, 'workloads': 34, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 57, 'variant': 'flashinfer.cp_off', 'bounds': {'max_seq_len': (None, 1353), 'mean_seq_len': (None, 520), 'num_seqs': (5, 8), 'total_seq_len': (2508, None)}, 'workloads': 2, 'speedup': (3.31, 3.44, 3.58), 'fallbacks': ()},
+    {'region': 58, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1353, None), 'mean_seq_len': (None, 520), 'num_seqs': (5, 8), 'total_seq_len': (2508, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -438,42 +444,44 @@ REGIONS_HINTED_EAGER = (
     {'region': 17, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (35, None), 'mean_seq_len': (5, 8), 'total_seq_len': (105, 863)}, 'workloads': 3, 'speedup': (2.58, 2.7, 2.94), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
     {'region': 18, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'max_seq_len': (15, 48), 'mean_seq_len': (8, 31), 'total_seq_len': (105, 863)}, 'workloads': 6, 'speedup': (2.29, 5.51, 10.63), 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
     {'region': 19, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (48, None), 'mean_seq_len': (8, 31), 'total_seq_len': (105, 863)}, 'workloads': 7, 'speedup': (1.77, 3.56, 7.02), 'fallbacks': ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'max_seq_len': (None, 110), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 2, 'speedup': (4.92, 6.0, 7.31), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (110, 254), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 5, 'speedup': (4.78, 5.14, 5.49), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer.cp_off')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (254, 433), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 4, 'speedup': (2.89, 3.41, 4.12), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (433, 496), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 4, 'speedup': (2.35, 3.39, 4.07), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off', 'triton_prefill_recurrent')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (496, None), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 2, 'speedup': (2.39, 2.74, 3.13), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (None, 455), 'mean_seq_len': (271, None), 'total_seq_len': (506, 863)}, 'workloads': 4, 'speedup': (2.87, 3.43, 4.14), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (455, None), 'mean_seq_len': (271, None), 'total_seq_len': (506, 863)}, 'workloads': 5, 'speedup': (2.62, 2.85, 3.2), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'total_seq_len': (863, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (None, 52), 'total_seq_len': (863, 3973)}, 'workloads': 3, 'speedup': (1.58, 1.72, 2.03), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (52, None), 'total_seq_len': (863, 3973)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2635, None), 'mean_seq_len': (627, 4314), 'total_seq_len': (863, 6861)}, 'workloads': 7, 'speedup': (1.25, 1.42, 1.69), 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2635, None), 'mean_seq_len': (313, 627), 'total_seq_len': (863, 11585)}, 'workloads': 2, 'speedup': (1.25, 1.33, 1.41), 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1524, 2635), 'mean_seq_len': (313, 1254), 'total_seq_len': (863, 13165)}, 'workloads': 9, 'speedup': (1.2, 1.9, 2.32), 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1524, None), 'mean_seq_len': (None, 313), 'total_seq_len': (863, 27254)}, 'workloads': 5, 'speedup': (1.1, 1.27, 1.69), 'fallbacks': ()},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (216, 498), 'num_seqs': (None, 15), 'total_seq_len': (863, None)}, 'workloads': 7, 'speedup': (1.6, 2.97, 3.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (498, 1524), 'num_seqs': (None, 15), 'total_seq_len': (863, None)}, 'workloads': 32, 'speedup': (1.33, 2.45, 3.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 36, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (None, 13), 'num_seqs': (None, 181), 'total_seq_len': (863, None)}, 'workloads': 2, 'speedup': (1.89, 2.21, 2.57), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1524, 2635), 'mean_seq_len': (1254, None), 'total_seq_len': (863, None)}, 'workloads': 3, 'speedup': (1.55, 1.91, 2.43), 'fallbacks': ()},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2635, 7310), 'mean_seq_len': (4314, None), 'total_seq_len': (863, None)}, 'workloads': 3, 'speedup': (1.23, 1.42, 1.73), 'fallbacks': ()},
-    {'region': 39, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (7310, None), 'mean_seq_len': (4314, None), 'total_seq_len': (863, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'fla_chunk', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent')},
-    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (268, 1524), 'mean_seq_len': (None, 11), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (216, 268), 'mean_seq_len': (None, 22), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (268, 1524), 'mean_seq_len': (11, None), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 21, 'speedup': (1.27, 1.37, 1.5), 'fallbacks': ()},
-    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (216, 268), 'mean_seq_len': (22, None), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 13), 'num_seqs': (181, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 127), 'mean_seq_len': (None, 13), 'num_seqs': (181, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 46, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'num_seqs': (None, 85), 'total_seq_len': (1448, 3059)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 47, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'num_seqs': (85, None), 'total_seq_len': (1448, 3059)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'total_seq_len': (3059, None)}, 'workloads': 2, 'speedup': (1.26, 1.33, 1.39), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (None, 181), 'total_seq_len': (3973, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 50, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (181, None), 'total_seq_len': (3973, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'fla_chunk', 'triton_prefill_recurrent')},
-    {'region': 51, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (2635, None), 'mean_seq_len': (627, 4314), 'total_seq_len': (6861, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'fla_chunk', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8')},
-    {'region': 52, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (2635, None), 'mean_seq_len': (313, 627), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 53, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1524, 2635), 'mean_seq_len': (313, 1254), 'total_seq_len': (13165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1524, 11585), 'mean_seq_len': (None, 313), 'total_seq_len': (27254, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 55, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (11585, None), 'mean_seq_len': (None, 313), 'total_seq_len': (27254, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (271, None), 'total_seq_len': (506, 542)}, 'workloads': 1, 'speedup': (2.75, 2.75, 2.75), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'flashinfer.cp_off')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, None), 'mean_seq_len': (271, None), 'total_seq_len': (506, 701)}, 'workloads': 2, 'speedup': (2.62, 2.9, 3.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'flashinfer.cp_off', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8')},
+    {'region': 22, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'max_seq_len': (None, 110), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 2, 'speedup': (4.92, 6.0, 7.31), 'fallbacks': ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (110, 254), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 5, 'speedup': (4.78, 5.14, 5.49), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (254, 433), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 4, 'speedup': (2.89, 3.41, 4.12), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (433, 496), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 4, 'speedup': (2.35, 3.39, 4.07), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off', 'triton_prefill_recurrent')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (496, None), 'mean_seq_len': (31, 271), 'total_seq_len': (506, 863)}, 'workloads': 2, 'speedup': (2.39, 2.74, 3.13), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_thread_rows.k8c16', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (271, None), 'total_seq_len': (542, 863)}, 'workloads': 4, 'speedup': (2.87, 3.43, 4.14), 'fallbacks': ('cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (518, None), 'mean_seq_len': (271, None), 'total_seq_len': (701, 863)}, 'workloads': 2, 'speedup': (2.87, 2.9, 2.92), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'flashinfer.cp_off', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent')},
+    {'region': 29, 'variant': 'cuda_prefill_thread_rows.k4c16', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'total_seq_len': (863, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (None, 52), 'total_seq_len': (863, 3973)}, 'workloads': 3, 'speedup': (1.58, 1.72, 2.03), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (52, None), 'total_seq_len': (863, 3973)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (4095, 4124), 'num_seqs': (None, 5), 'total_seq_len': (863, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'flashinfer.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 4124), 'num_seqs': (5, None), 'total_seq_len': (863, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1713, 4095), 'mean_seq_len': (188, None), 'total_seq_len': (863, 23170)}, 'workloads': 15, 'speedup': (1.2, 1.63, 2.43), 'fallbacks': ()},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (13984, None), 'mean_seq_len': (None, 362), 'total_seq_len': (863, 27254)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (216, 498), 'num_seqs': (None, 15), 'total_seq_len': (863, None)}, 'workloads': 7, 'speedup': (1.6, 2.97, 3.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (498, 1713), 'num_seqs': (None, 15), 'total_seq_len': (863, None)}, 'workloads': 36, 'speedup': (1.33, 2.4, 3.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 38, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (None, 13), 'num_seqs': (None, 181), 'total_seq_len': (863, None)}, 'workloads': 2, 'speedup': (1.89, 2.21, 2.57), 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1713, 4095), 'mean_seq_len': (None, 188), 'total_seq_len': (863, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4124, 13984), 'mean_seq_len': (None, 362), 'total_seq_len': (863, None)}, 'workloads': 2, 'speedup': (1.1, 1.22, 1.36), 'fallbacks': ()},
+    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4124, 6287), 'mean_seq_len': (362, None), 'total_seq_len': (863, None)}, 'workloads': 5, 'speedup': (1.23, 1.42, 1.73), 'fallbacks': ()},
+    {'region': 42, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (6287, None), 'mean_seq_len': (362, None), 'total_seq_len': (863, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (268, 1713), 'mean_seq_len': (None, 11), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (216, 268), 'mean_seq_len': (None, 22), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (268, 1713), 'mean_seq_len': (11, None), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 21, 'speedup': (1.27, 1.37, 1.5), 'fallbacks': ()},
+    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (216, 268), 'mean_seq_len': (22, None), 'num_seqs': (15, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 47, 'variant': 'cuda_prefill_thread_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 13), 'num_seqs': (181, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 127), 'mean_seq_len': (None, 13), 'num_seqs': (181, None), 'total_seq_len': (863, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 49, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'num_seqs': (None, 85), 'total_seq_len': (1448, 3059)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 50, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'num_seqs': (85, None), 'total_seq_len': (1448, 3059)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 51, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (13, None), 'total_seq_len': (3059, None)}, 'workloads': 2, 'speedup': (1.26, 1.33, 1.39), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (None, 181), 'total_seq_len': (3973, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 53, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (127, 216), 'num_seqs': (181, None), 'total_seq_len': (3973, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'fla_chunk', 'triton_prefill_recurrent')},
+    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4095, 4124), 'mean_seq_len': (None, 362), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 55, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (4095, 4124), 'mean_seq_len': (362, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 56, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (1713, 4095), 'mean_seq_len': (188, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 57, 'variant': 'flashinfer', 'bounds': {'max_seq_len': (13984, None), 'mean_seq_len': (None, 362), 'total_seq_len': (27254, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -620,32 +628,29 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 957 < total_seq_len <= 1214 and num_seqs <= 8 and mean_seq_len > 701:
         return ('flashinfer', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c16') if inside else 'flashinfer'
-    # region 50: 3 workloads, 2.22x (1.60x .. 2.75x) over flashinfer
-    if 1214 < total_seq_len <= 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len <= 1410:
+    # region 50: 2 workloads, 3.06x (2.24x .. 4.17x) over flashinfer
+    if 1214 < total_seq_len <= 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len <= 1333:
         return 'flashinfer.cp_off'
     # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1214 < total_seq_len <= 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len > 1410:
+    if 1214 < total_seq_len <= 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len > 1333:
         return ('flashinfer', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer'
-    # region 52: 2 workloads, 3.06x (2.24x .. 4.17x) over flashinfer
-    if total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len <= 299 and max_seq_len <= 1333:
-        return ('flashinfer.cp_off', 'flashinfer_direct') if inside else 'flashinfer.cp_off'
+    # region 52: 3 workloads, 2.22x (1.60x .. 2.75x) over flashinfer
+    if total_seq_len > 1214 and num_seqs <= 5 and mean_seq_len <= 520 and max_seq_len <= 1384:
+        return 'flashinfer.cp_off'
     # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len <= 299 and max_seq_len > 1333:
+    if total_seq_len > 1214 and num_seqs <= 5 and mean_seq_len <= 520 and max_seq_len > 1384:
         return ('flashinfer', 'triton_prefill_chunked.v16', 'flashinfer.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer'
     # region 54: 8 workloads, 1.38x (1.05x .. 3.04x) over flashinfer
     if total_seq_len > 1214 and num_seqs <= 8 and 520 < mean_seq_len <= 764:
         return ('flashinfer.cp_off', 'flashinfer_direct') if inside else 'flashinfer.cp_off'
     # region 55: 5 workloads, 1.50x (1.13x .. 1.99x) over flashinfer
     if total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len > 764 and max_seq_len <= 1264:
-        return ('flashinfer.cp_off', 'flashinfer_direct') if inside else 'flashinfer.cp_off'
-    # region 56: 31 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1214 and num_seqs <= 8 and mean_seq_len > 764 and max_seq_len > 1264:
-        return ('flashinfer', 'flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer'
+        return 'flashinfer.cp_off'
     # region 57: 2 workloads, 3.44x (3.31x .. 3.58x) over flashinfer
-    if total_seq_len > 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len <= 1370:
+    if total_seq_len > 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len <= 1353:
         return 'flashinfer.cp_off'
     # region 58: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2508 and num_seqs <= 8 and 299 < mean_seq_len <= 520 and max_seq_len > 1370:
+    if total_seq_len > 2508 and 5 < num_seqs <= 8 and mean_seq_len <= 520 and max_seq_len > 1353:
         return ('flashinfer', 'flashinfer.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer'
     return 'flashinfer'
 
@@ -710,103 +715,106 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 19: 7 workloads, 3.56x (1.77x .. 7.02x) over flashinfer
     if 105 < total_seq_len <= 863 and 8 < mean_seq_len <= 31 and max_seq_len > 48:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 20: 2 workloads, 6.00x (4.92x .. 7.31x) over flashinfer
+    # region 20: 1 workloads, 2.75x (2.75x .. 2.75x) over flashinfer
+    if 506 < total_seq_len <= 542 and mean_seq_len > 271 and max_seq_len <= 518:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'flashinfer.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 21: 2 workloads, 2.90x (2.62x .. 3.20x) over flashinfer
+    if 506 < total_seq_len <= 701 and mean_seq_len > 271 and max_seq_len > 518:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_chunked.v16', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'flashinfer.cp_off', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8') if inside else 'flashinfer_direct'
+    # region 22: 2 workloads, 6.00x (4.92x .. 7.31x) over flashinfer
     if 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and max_seq_len <= 110:
         return ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer.cp_off') if inside else 'cuda_prefill_thread_rows.k4c16'
-    # region 21: 5 workloads, 5.14x (4.78x .. 5.49x) over flashinfer
+    # region 23: 5 workloads, 5.14x (4.78x .. 5.49x) over flashinfer
     if 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 110 < max_seq_len <= 254:
         return ('cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer.cp_off') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 22: 4 workloads, 3.41x (2.89x .. 4.12x) over flashinfer
+    # region 24: 4 workloads, 3.41x (2.89x .. 4.12x) over flashinfer
     if 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 254 < max_seq_len <= 433:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 23: 4 workloads, 3.39x (2.35x .. 4.07x) over flashinfer
+    # region 25: 4 workloads, 3.39x (2.35x .. 4.07x) over flashinfer
     if 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and 433 < max_seq_len <= 496:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off', 'triton_prefill_recurrent') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 24: 2 workloads, 2.74x (2.39x .. 3.13x) over flashinfer
+    # region 26: 2 workloads, 2.74x (2.39x .. 3.13x) over flashinfer
     if 506 < total_seq_len <= 863 and 31 < mean_seq_len <= 271 and max_seq_len > 496:
         return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 4 workloads, 3.43x (2.87x .. 4.14x) over flashinfer
-    if 506 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len <= 455:
+    # region 27: 4 workloads, 3.43x (2.87x .. 4.14x) over flashinfer
+    if 542 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len <= 518:
         return ('cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k4c16', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k4c8', 'flashinfer.cp_off', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8') if inside else 'cuda_prefill_thread_rows.k8c16'
-    # region 26: 5 workloads, 2.85x (2.62x .. 3.20x) over flashinfer
-    if 506 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len > 455:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'flashinfer.cp_off') if inside else 'flashinfer_direct'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 28: 2 workloads, 2.90x (2.87x .. 2.92x) over flashinfer
+    if 701 < total_seq_len <= 863 and mean_seq_len > 271 and max_seq_len > 518:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k4c16', 'flashinfer.cp_off', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent') if inside else 'triton_prefill_fused.c16v32'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
     if 863 < total_seq_len <= 1448 and mean_seq_len > 13 and max_seq_len <= 127:
         return ('cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k4c16'
-    # region 28: 3 workloads, 1.72x (1.58x .. 2.03x) over flashinfer
+    # region 30: 3 workloads, 1.72x (1.58x .. 2.03x) over flashinfer
     if 863 < total_seq_len <= 3973 and num_seqs <= 52 and 127 < max_seq_len <= 216:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 1 workloads, 1.39x (1.39x .. 1.39x) over flashinfer
+    # region 31: 1 workloads, 1.39x (1.39x .. 1.39x) over flashinfer
     if 863 < total_seq_len <= 3973 and num_seqs > 52 and 127 < max_seq_len <= 216:
         return 'cuda_prefill_staged.r64s4'
-    # region 30: 7 workloads, 1.42x (1.25x .. 1.69x) over flashinfer
-    if 863 < total_seq_len <= 6861 and 627 < mean_seq_len <= 4314 and max_seq_len > 2635:
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 863 < total_seq_len <= 11585 and num_seqs <= 5 and 4095 < max_seq_len <= 4124:
+        return ('flashinfer', 'flashinfer_direct', 'flashinfer.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'flashinfer'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 863 < total_seq_len <= 11585 and num_seqs > 5 and 4095 < max_seq_len <= 4124:
         return 'flashinfer_direct'
-    # region 31: 2 workloads, 1.33x (1.25x .. 1.41x) over flashinfer
-    if 863 < total_seq_len <= 11585 and 313 < mean_seq_len <= 627 and max_seq_len > 2635:
+    # region 34: 15 workloads, 1.63x (1.20x .. 2.43x) over flashinfer
+    if 863 < total_seq_len <= 23170 and mean_seq_len > 188 and 1713 < max_seq_len <= 4095:
         return 'flashinfer_direct'
-    # region 32: 9 workloads, 1.90x (1.20x .. 2.32x) over flashinfer
-    if 863 < total_seq_len <= 13165 and 313 < mean_seq_len <= 1254 and 1524 < max_seq_len <= 2635:
+    # region 35: 1 workloads, 1.11x (1.11x .. 1.11x) over flashinfer
+    if 863 < total_seq_len <= 27254 and mean_seq_len <= 362 and max_seq_len > 13984:
         return 'flashinfer_direct'
-    # region 33: 5 workloads, 1.27x (1.10x .. 1.69x) over flashinfer
-    if 863 < total_seq_len <= 27254 and mean_seq_len <= 313 and max_seq_len > 1524:
-        return 'flashinfer_direct'
-    # region 34: 7 workloads, 2.97x (1.60x .. 3.88x) over flashinfer
+    # region 36: 7 workloads, 2.97x (1.60x .. 3.88x) over flashinfer
     if total_seq_len > 863 and num_seqs <= 15 and 216 < max_seq_len <= 498:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 35: 32 workloads, 2.45x (1.33x .. 3.03x) over flashinfer
-    if total_seq_len > 863 and num_seqs <= 15 and 498 < max_seq_len <= 1524:
+    # region 37: 36 workloads, 2.40x (1.33x .. 3.03x) over flashinfer
+    if total_seq_len > 863 and num_seqs <= 15 and 498 < max_seq_len <= 1713:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 36: 2 workloads, 2.21x (1.89x .. 2.57x) over flashinfer
+    # region 38: 2 workloads, 2.21x (1.89x .. 2.57x) over flashinfer
     if total_seq_len > 863 and num_seqs <= 181 and mean_seq_len <= 13 and max_seq_len <= 127:
         return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 37: 3 workloads, 1.91x (1.55x .. 2.43x) over flashinfer
-    if total_seq_len > 863 and mean_seq_len > 1254 and 1524 < max_seq_len <= 2635:
+    # region 39: 1 workloads, 1.20x (1.20x .. 1.20x) over flashinfer
+    if total_seq_len > 863 and mean_seq_len <= 188 and 1713 < max_seq_len <= 4095:
         return 'flashinfer_direct'
-    # region 38: 3 workloads, 1.42x (1.23x .. 1.73x) over flashinfer
-    if total_seq_len > 863 and mean_seq_len > 4314 and 2635 < max_seq_len <= 7310:
+    # region 40: 2 workloads, 1.22x (1.10x .. 1.36x) over flashinfer
+    if total_seq_len > 863 and mean_seq_len <= 362 and 4124 < max_seq_len <= 13984:
         return 'flashinfer_direct'
-    # region 39: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 863 and mean_seq_len > 4314 and max_seq_len > 7310:
-        return ('flashinfer', 'flashinfer.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'fla_chunk', 'triton_prefill_fused.c16v64', 'triton_prefill_recurrent') if inside else 'flashinfer'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 11 and 268 < max_seq_len <= 1524:
-        return 'cuda_prefill_staged.r64s4'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 22 and 216 < max_seq_len <= 268:
-        return 'cuda_prefill_staged.r64s4'
-    # region 42: 21 workloads, 1.37x (1.27x .. 1.50x) over flashinfer
-    if total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 11 and 268 < max_seq_len <= 1524:
+    # region 41: 5 workloads, 1.42x (1.23x .. 1.73x) over flashinfer
+    if total_seq_len > 863 and mean_seq_len > 362 and 4124 < max_seq_len <= 6287:
         return 'flashinfer_direct'
     # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 11 and 268 < max_seq_len <= 1713:
+        return 'cuda_prefill_staged.r64s4'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 863 and num_seqs > 15 and mean_seq_len <= 22 and 216 < max_seq_len <= 268:
+        return 'cuda_prefill_staged.r64s4'
+    # region 45: 21 workloads, 1.37x (1.27x .. 1.50x) over flashinfer
+    if total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 11 and 268 < max_seq_len <= 1713:
+        return 'flashinfer_direct'
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 863 and num_seqs > 15 and mean_seq_len > 22 and 216 < max_seq_len <= 268:
         return 'flashinfer_direct'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 863 and num_seqs > 181 and mean_seq_len <= 13 and max_seq_len <= 22:
         return ('cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_thread_rows.k1c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_thread_rows.k2c8'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 863 and num_seqs > 181 and mean_seq_len <= 13 and 22 < max_seq_len <= 127:
         return 'cuda_prefill_staged.r64s4'
-    # region 46: 1 workloads, 1.80x (1.80x .. 1.80x) over flashinfer
+    # region 49: 1 workloads, 1.80x (1.80x .. 1.80x) over flashinfer
     if 1448 < total_seq_len <= 3059 and num_seqs <= 85 and mean_seq_len > 13 and max_seq_len <= 127:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 47: 1 workloads, 1.51x (1.51x .. 1.51x) over flashinfer
+    # region 50: 1 workloads, 1.51x (1.51x .. 1.51x) over flashinfer
     if 1448 < total_seq_len <= 3059 and num_seqs > 85 and mean_seq_len > 13 and max_seq_len <= 127:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 48: 2 workloads, 1.33x (1.26x .. 1.39x) over flashinfer
+    # region 51: 2 workloads, 1.33x (1.26x .. 1.39x) over flashinfer
     if total_seq_len > 3059 and mean_seq_len > 13 and max_seq_len <= 127:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    # region 52: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 3973 and num_seqs <= 181 and 127 < max_seq_len <= 216:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 50: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3973 and num_seqs > 181 and 127 < max_seq_len <= 216:
         return ('flashinfer', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'flashinfer.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'fla_chunk', 'triton_prefill_recurrent') if inside else 'flashinfer'
-    # region 51: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6861 and 627 < mean_seq_len <= 4314 and max_seq_len > 2635:
-        return ('flashinfer', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_thread_rows.k8c16', 'cuda_prefill_thread_rows.k16c16', 'cuda_prefill_thread_rows.k8c8', 'cuda_prefill_thread_rows.k16c8', 'fla_chunk', 'cuda_prefill_thread_rows.k4c16', 'cuda_prefill_thread_rows.k4c8', 'triton_prefill_recurrent', 'cuda_prefill_thread_rows.k2c16', 'cuda_prefill_thread_rows.k2c8', 'cuda_prefill_thread_rows.k1c8') if inside else 'flashinfer'
     # region 54: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 27254 and mean_seq_len <= 313 and 1524 < max_seq_len <= 11585:
+    if total_seq_len > 11585 and mean_seq_len <= 362 and 4095 < max_seq_len <= 4124:
         return 'flashinfer_direct'
     return 'flashinfer'
