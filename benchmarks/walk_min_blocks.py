@@ -8,10 +8,11 @@ for bit unless the compiler reorders it).
 
 Why: at the pool prefills' shapes short of issue 18's 2x the walk is most of the device time and
 doubles with the (sequence, head) pairs at a fixed walk length
-(benchmarks/results/variant-host-staged-qk16-H200.txt): 256 blocks of 4 warps already fill the SMs.
+(benchmarks/results/variant-host-staged-qk16-H200.txt): 512 blocks take two waves at 3 blocks an SM,
+which both its registers and its shared memory set (benchmarks/results/walk-ncu-H200.txt).
 
     python benchmarks/walk_min_blocks.py --min-blocks 3 4 \\
-        --shape gdn_prefill_pool_qk16_v32:total_seq_len=2048,num_seqs=8,num_slots=9 [--rounds 3]
+        --shape gdn_prefill_pool_qk16_v32:total_seq_len=2048,num_seqs=8,num_slots=9 [--rounds 3] [--carveout 100]
 """
 from __future__ import annotations
 
@@ -34,15 +35,18 @@ from moe_host_ab import side_by_side  # noqa: E402
 BOUNDS = "__launch_bounds__(32 * W)"
 
 
-def build(warps: int, stages: int, min_blocks: int) -> nvrtc.Kernel:
+def build(warps: int, stages: int, min_blocks: int, carveout: int | None) -> nvrtc.Kernel:
     """The pool walk of `warps` warps and `stages` stages, launch bounds asking for `min_blocks` blocks
-    an SM."""
+    an SM; `carveout`: the shared memory carveout it prefers (percent of the unified L1: the driver's
+    default choice held the committed walk to 3 blocks an SM by shared memory too, ncu's Occupancy)."""
     source = prefill_walk.CU.read_text()
     if source.count(BOUNDS) != 1:
         raise SystemExit(f"walk_min_blocks: {BOUNDS} not found once in {prefill_walk.CU.name}")
     source = source.replace(BOUNDS, f"__launch_bounds__(32 * W, {min_blocks})")
     kern = nvrtc.load_kernel(source, f"gdn_prefill_walk_w{warps}_s{stages}_pool", signature=prefill_walk.SIGNATURE)
     kern.set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", stages * prefill_walk.stage_bytes(warps))
+    if carveout is not None:
+        kern.set_attribute("PREFERRED_SHARED_MEMORY_CARVEOUT", carveout)
     return kern
 
 
@@ -75,15 +79,17 @@ def main() -> None:
     ap.add_argument("--shape", type=parse_shape, action="append", required=True, help="definition:axis=v,axis=v")
     ap.add_argument("--config", default="r64s4", help=f"one of {sorted(prefill_walk.LAUNCH_CONFIGS)}")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--carveout", type=int, help="the builds' preferred shared memory carveout, percent")
     opts = ap.parse_args()
     registry.discover()
     warps, stages = prefill_walk.LAUNCH_CONFIGS[opts.config]["cfg"]
     key = (warps, stages, True)
     committed = prefill_walk.kernel(warps, stages, True)
-    builds = {"committed": committed} | {f"min{m}": build(warps, stages, m) for m in opts.min_blocks}
+    builds = {"committed": committed} | {f"min{m}": build(warps, stages, m, opts.carveout) for m in opts.min_blocks}
     print(f"# benchmarks/walk_min_blocks.py on {torch.cuda.get_device_name()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, torch {torch.__version__}, "
-          f"cuda_prefill_staged.{opts.config}: us per call, medians of {opts.rounds} alternating rounds")
+          f"cuda_prefill_staged.{opts.config}, carveout {opts.carveout}: us per call, medians of {opts.rounds} "
+          "alternating rounds")
     for label, kern in builds.items():
         print(f"# {label}: {kern.resources()}, {resident(kern, warps, stages)} blocks an SM")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
