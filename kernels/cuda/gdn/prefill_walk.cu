@@ -31,13 +31,16 @@ typedef unsigned int u32;
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 r;
-    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
     return r;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool keep) {  // zero-fill unless keep
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(keep ? 16 : 0) : "memory");
+// Shared memory is addressed by 32-bit offsets from one converted base (smem_addr once a thread): a
+// generic pointer converted at every copy and ldmatrix took 155 of the loop's 826 instructions a block
+// (52 of them mma), 1-7% of the walk's time (benchmarks/results/walk-ab-H200.txt).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool keep) {  // zero-fill unless keep
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(keep ? 16 : 0)
+                 : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -52,14 +55,14 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {  // lo -> low half (lower address)
@@ -109,6 +112,10 @@ __device__ __forceinline__ void walk(const Args& A) {
     constexpr int THREADS = 32 * W;
     extern __shared__ __align__(128) unsigned char smem[];
     Stage<ROWS>* st = reinterpret_cast<Stage<ROWS>*>(smem);  // NST stages: blocks b .. b + NST - 1 in flight
+    const u32 st0 = smem_addr(smem);  // stage i at st0 + i * sizeof(Stage), its fields at their offsets
+    constexpr u32 OFF_K = 0, OFF_Q = OFF_K + 16 * KROW * 2, OFF_V = OFF_Q + 16 * KROW * 2;
+    constexpr u32 OFF_TB = OFF_V + 16 * (ROWS + 8) * 2, OFF_P = OFF_TB + 16 * MROW * 2, OFF_FAC = OFF_P + 16 * MROW * 2;
+    static_assert(sizeof(Stage<ROWS>) == OFF_FAC + 4 * 16 * 4, "Stage's fields are packed in this order");
 
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -169,7 +176,9 @@ __device__ __forceinline__ void walk(const Args& A) {
     const bf16_t* qbase = A.q + bos * A.q_t + (long long)i_hk * A.q_h + kc;
     const bf16_t* vbase = A.v + bos * A.v_t + (long long)i_h * A.v_h + v0 + vc;
     const long long kstep = (THREADS / 16) * A.k_t, qstep = (THREADS / 16) * A.q_t;
-    auto load = [&](Stage<ROWS>& s, long long b) {
+    // this thread's destinations within a stage (bytes)
+    const u32 dst_kq = (kr * KROW + kc) * 2, dst_v = OFF_V + (vrow * (ROWS + 8) + vc) * 2;
+    auto load = [&](u32 s, long long b) {  // s: the stage's shared address
         const int rel = (int)(b * 16 - bos);
         const bf16_t* kp = kbase + (long long)(rel + kr) * A.k_t;
         const bf16_t* qp = qbase + (long long)(rel + kr) * A.q_t;
@@ -177,34 +186,42 @@ __device__ __forceinline__ void walk(const Args& A) {
         for (int i = 0; i < KQ; ++i) {
             const int r = kr + i * (THREADS / 16);
             const bool in = (unsigned)(rel + r) < (unsigned)len;
-            cp_async16(&s.k[r][kc], in ? kp : kbase, in);  // a row outside: zero-filled from a valid address
-            cp_async16(&s.q[r][kc], in ? qp : qbase, in);
+            const u32 d = s + dst_kq + i * (THREADS / 16) * KROW * 2;
+            cp_async16(d + OFF_K, in ? kp : kbase, in);  // a row outside: zero-filled from a valid address
+            cp_async16(d + OFF_Q, in ? qp : qbase, in);
             kp += kstep;
             qp += qstep;
         }
         const bool vin = (unsigned)(rel + vrow) < (unsigned)len;
-        cp_async16(&s.v[vrow][vc], vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
+        cp_async16(s + dst_v, vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
         const bf16_t* m = A.mats + (b * A.hv + i_h) * 512;
 #pragma unroll
         for (int e = tid; e < 64; e += THREADS) {  // TB and P rows: 2 chunks each
             const int which = e >> 5, r = (e >> 1) & 15, c = (e & 1) * 8;
             const bool in = (unsigned)(rel + r) < (unsigned)len;
-            cp_async16(which ? &s.p[r][c] : &s.tb[r][c], m + which * 256 + r * 16 + c, in);
+            cp_async16(s + (which ? OFF_P : OFF_TB) + (r * MROW + c) * 2, m + which * 256 + r * 16 + c, in);
         }
-        if (tid < 16) cp_async16(&s.fac[0][0] + tid * 4, A.fac + (b * A.hv + i_h) * 64 + tid * 4, true);
+        if (tid < 16) cp_async16(s + OFF_FAC + tid * 16, A.fac + (b * A.hv + i_h) * 64 + tid * 4, true);
     };
 
 #pragma unroll
     for (int i = 0; i < NST - 1; ++i) {  // one commit group a block, empty past the sequence's last
-        if (b0 + i < b1) load(st[i], b0 + i);
+        if (b0 + i < b1) load(st0 + i * (u32)sizeof(Stage<ROWS>), b0 + i);
         cp_async_commit();
     }
     const int mrow = ((lane >> 4) << 3) + (lane & 7), mcol = ((lane >> 3) & 1) << 3;  // ldmatrix x4 lane rows
     const int krow = (((lane >> 3) & 1) << 3) + (lane & 7), kcol = (lane >> 4) << 3;   // and transposed
     const int vw = warp * 16 + vr;  // this lane's first V row within the block
+    // this lane's ldmatrix rows within a stage: K / Q (B operands), transposed K, the two matrices
+    const u32 lm_kq = (mrow * KROW + mcol) * 2, lm_kt = OFF_K + (krow * KROW + kcol) * 2;
+    const u32 lm_tb = OFF_TB + (mrow * MROW + mcol) * 2, lm_p = OFF_P + (mrow * MROW + mcol) * 2;
+    int si = 0;  // block b's stage, (b - b0) % NST
     for (long long b = b0; b < b1; ++b) {
-        Stage<ROWS>& s = st[(b - b0) % NST];
-        if (b + NST - 1 < b1) load(st[(b - b0 + NST - 1) % NST], b + NST - 1);
+        Stage<ROWS>& s = st[si];
+        const u32 sa = st0 + si * (u32)sizeof(Stage<ROWS>);
+        const int sl = si == 0 ? NST - 1 : si - 1;  // (b - b0 + NST - 1) % NST: where block b + NST - 1 goes
+        if (b + NST - 1 < b1) load(st0 + sl * (u32)sizeof(Stage<ROWS>), b + NST - 1);
+        si = si == NST - 1 ? 0 : si + 1;
         cp_async_commit();
         cp_async_wait<NST - 1>();  // block b's group complete
         __syncthreads();
@@ -231,8 +248,8 @@ __device__ __forceinline__ void walk(const Args& A) {
                               pack_bf16(S[2 * kk + 1][0], S[2 * kk + 1][1]),
                               pack_bf16(S[2 * kk + 1][2], S[2 * kk + 1][3])};
             u32 kb[4], qb[4];
-            ldmatrix_x4(kb, &s.k[mrow][kk * 16 + mcol]);
-            ldmatrix_x4(qb, &s.q[mrow][kk * 16 + mcol]);
+            ldmatrix_x4(kb, sa + OFF_K + lm_kq + kk * 32);
+            ldmatrix_x4(qb, sa + OFF_Q + lm_kq + kk * 32);
             mma_bf16(xk[kk & 1][0], a, kb[0], kb[1]);
             mma_bf16(xk[kk & 1][1], a, kb[2], kb[3]);
             mma_bf16(xq[kk & 1][0], a, qb[0], qb[1]);
@@ -251,7 +268,7 @@ __device__ __forceinline__ void walk(const Args& A) {
         u32 a[4], mb[4];
         as_a(a, x, one);
         float r[2][4] = {};
-        ldmatrix_x4(mb, &s.tb[mrow][mcol]);
+        ldmatrix_x4(mb, sa + lm_tb);
         mma_bf16(r[0], a, mb[0], mb[1]);
         mma_bf16(r[1], a, mb[2], mb[3]);
         // O^T = (S Q^T) diag(aq) + R^T P^T
@@ -261,7 +278,7 @@ __device__ __forceinline__ void walk(const Args& A) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) o[n][c] = (xq[0][n][c] + xq[1][n][c]) * aq[n * 2 + (c & 1)];
         as_a(a, r, one);
-        ldmatrix_x4(mb, &s.p[mrow][mcol]);
+        ldmatrix_x4(mb, sa + lm_p);
         mma_bf16(o[0], a, mb[0], mb[1]);
         mma_bf16(o[1], a, mb[2], mb[3]);
         bf16_t* ob = out + (b * 16 + t0) * out_t + vw;
@@ -280,7 +297,7 @@ __device__ __forceinline__ void walk(const Args& A) {
                 S[2 * np + 1][c] *= eg;
             }
             u32 kb[4];
-            ldmatrix_x4_trans(kb, &s.k[krow][np * 16 + kcol]);
+            ldmatrix_x4_trans(kb, sa + lm_kt + np * 32);
             mma_bf16(S[2 * np], a, kb[0], kb[1]);
             mma_bf16(S[2 * np + 1], a, kb[2], kb[3]);
         }
