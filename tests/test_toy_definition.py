@@ -515,10 +515,12 @@ def test_a_forced_retake_cut_short_resumes_from_its_start(tmp_path, toy):
 
     rows = [r for r in Store.open(store).results(NAME) if r.status == "PASSED"]
     assert pending() == 0 and pending(force=True) == len(rows)
-    # one workload's rows taken before the others' (a retake cut short after the other two)
-    late = max(r.measured_at for r in rows)
+    # one workload's rows taken before the others' (a retake cut short after the other two); the rows'
+    # times set, not read: a tune crossing a second boundary would put some of the others before `late`
+    late = "2026-06-01T00:00:00Z"
     early = rows[0].uuid
     with sqlite3.connect(store) as db:
+        db.execute("UPDATE result SET measured_at = ? WHERE definition = ?", (late, NAME))
         db.execute("UPDATE result SET measured_at = '2026-01-01T00:00:00Z' WHERE definition = ? AND uuid = ?",
                    (NAME, early))
     assert pending(retake_before=late) == sum(r.uuid == early for r in rows)
