@@ -62,7 +62,8 @@ def config(num_seqs: int, num_v_heads: int) -> tuple[int, int]:
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
     """x itself when its rows can be copied 16 bytes at a time (cp.async), else a contiguous copy."""
-    if x.stride(-1) != 1 or x.stride(0) % 8 or x.stride(1) % 8 or x.data_ptr() % 16:
+    s = x.stride()  # one call, not three: host time, three tensors a call
+    if s[-1] != 1 or s[0] % 8 or s[1] % 8 or x.data_ptr() % 16:
         return x.contiguous()
     return x
 
