@@ -36,8 +36,8 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 }
 
 // Shared memory is addressed by 32-bit offsets from one converted base (smem_addr once a thread): a
-// generic pointer converted at every copy and ldmatrix took 155 of the loop's 826 instructions a block
-// (52 of them mma), 1-7% of the walk's time (benchmarks/results/walk-ab-H200.txt).
+// generic pointer converted at every copy and ldmatrix took ~155 of the loop's ~826 instructions a block
+// (52 of them mma; nvcc 13.0's SASS), 1-7% of the walk's time (benchmarks/results/walk-ab-H200.txt).
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool keep) {  // zero-fill unless keep
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(keep ? 16 : 0)
                  : "memory");
