@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T19:01:58Z
+# measured    up to 2026-11-30T20:58:48Z
 # workloads   135 (workload-set digest 47c9de5b93381f3a)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,7 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/128  0.48x  [8 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  122/128  0.53x  [6 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/128  0.60x  [6 screened out]
-#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  132/135  1.48x  [3 screened out]
+#   cuda_prefill_staged.r64s4       a895aada64a7142b  132/135  1.53x  [3 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  132/135  1.65x  [3 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  134/135  0.96x  [1 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  132/135  0.98x  [3 screened out]
@@ -36,10 +36,10 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 23.26% mean, 332.35% max;
-#             1.234x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.00% mean, 161.86% max;
-#             2.369x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 22.42% mean, 332.35% max;
+#             1.241x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 11.30% mean, 261.86% max;
+#             2.744x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
@@ -47,20 +47,23 @@
 #   4. 18 < total_seq_len <= 90 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   5. 64 < total_seq_len <= 181 and num_seqs > 1 and mean_seq_len <= 9: flashinfer_direct, 8 workloads, 1.97x (1.10x .. 5.40x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   6. 90 < total_seq_len <= 724 and num_seqs <= 1: flashinfer_direct, 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 1.26x (1.11x .. 1.41x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 5: flashinfer_direct, 26 workloads, 2.34x (1.06x .. 5.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   7. 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 10 workloads, 1.25x (1.04x .. 1.38x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 6: flashinfer_direct, 46 workloads, 2.05x (1.04x .. 5.82x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads
-#   10. 803 < total_seq_len <= 1874 and num_seqs > 1: flashinfer_direct, 23 workloads, 1.61x (1.04x .. 5.82x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   10. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 316 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 8 workloads, 4.12x (2.84x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448: cuda_prefill_pool_rows.k16c8, 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 5792 and mean_seq_len > 1448: flashinfer_direct, 2 workloads, 1.52x (1.14x .. 2.04x) over vllm_flashinfer_prefill
-#   4. num_seqs <= 3 and 2 < mean_seq_len <= 315: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. num_seqs <= 3 and 315 < mean_seq_len <= 1448: flashinfer_direct, 5 workloads, 3.22x (3.00x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   6. total_seq_len > 316 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
-#   7. total_seq_len > 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448: flashinfer_direct, 60 workloads, 2.11x (1.14x .. 3.80x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 5792 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 7 workloads
+#   1. total_seq_len <= 153 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 282 and 2 < num_seqs <= 21: cuda_prefill_pool_rows.k8c8, 22 workloads, 6.63x (3.31x .. 9.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 316 and num_seqs > 21 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 6 workloads, 3.20x (2.84x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 582 and num_seqs > 21 and mean_seq_len > 2: cuda_prefill_pool_rows.k16c8, 9 workloads, 2.42x (1.17x .. 3.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 153 < total_seq_len <= 3465 and num_seqs <= 2: cuda_prefill_staged.r64s4, 12 workloads, 4.48x (2.52x .. 6.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. 282 < total_seq_len <= 3465 and 2 < num_seqs <= 21: cuda_prefill_staged.r64s4, 30 workloads, 4.69x (2.14x .. 8.50x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. 316 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   8. 582 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len > 2: cuda_prefill_staged.r64s4, 18 workloads, 2.45x (1.32x .. 3.85x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 3465 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 5 workloads
+#   10. total_seq_len > 3465 and 3 < num_seqs <= 22: cuda_prefill_staged.r64s4, 10 workloads, 2.46x (1.39x .. 6.85x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 3465 and num_seqs > 22 and mean_seq_len <= 170: cuda_prefill_staged.r64s4, 10 workloads, 1.87x (1.31x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 170: flashinfer_direct, 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -70,22 +73,25 @@ REGIONS = (
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (18, 90)}, 'workloads': 2, 'speedup': (2.85, 3.56, 4.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (64, 181)}, 'workloads': 8, 'speedup': (1.1, 1.97, 5.4), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (90, 724)}, 'workloads': 4, 'speedup': (1.44, 2.02, 2.73), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (1, None), 'total_seq_len': (181, 803)}, 'workloads': 7, 'speedup': (1.11, 1.26, 1.41), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (1, None), 'total_seq_len': (181, 803)}, 'workloads': 26, 'speedup': (1.06, 2.34, 5.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (1, None), 'total_seq_len': (181, 1874)}, 'workloads': 10, 'speedup': (1.04, 1.25, 1.38), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (1, None), 'total_seq_len': (181, 1874)}, 'workloads': 46, 'speedup': (1.04, 2.05, 5.82), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (803, 1874)}, 'workloads': 23, 'speedup': (1.04, 1.61, 5.82), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 316)}, 'workloads': 8, 'speedup': (2.84, 4.12, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 1448), 'num_seqs': (3, None), 'total_seq_len': (None, 718)}, 'workloads': 38, 'speedup': (1.17, 4.52, 9.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.14, 1.52, 2.04), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 315), 'num_seqs': (None, 3)}, 'workloads': 11, 'speedup': (3.55, 5.7, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (315, 1448), 'num_seqs': (None, 3)}, 'workloads': 5, 'speedup': (3.0, 3.22, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (316, None)}, 'workloads': 4, 'speedup': (1.39, 2.31, 2.98), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, 1448), 'num_seqs': (3, None), 'total_seq_len': (718, None)}, 'workloads': 60, 'speedup': (1.14, 2.11, 3.8), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (5792, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 153)}, 'workloads': 5, 'speedup': (5.33, 7.56, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 21), 'total_seq_len': (None, 282)}, 'workloads': 22, 'speedup': (3.31, 6.63, 9.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (21, None), 'total_seq_len': (None, 316)}, 'workloads': 6, 'speedup': (2.84, 3.2, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (21, None), 'total_seq_len': (None, 582)}, 'workloads': 9, 'speedup': (1.17, 2.42, 3.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (153, 3465)}, 'workloads': 12, 'speedup': (2.52, 4.48, 6.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (2, 21), 'total_seq_len': (282, 3465)}, 'workloads': 30, 'speedup': (2.14, 4.69, 8.5), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (21, None), 'total_seq_len': (316, 3465)}, 'workloads': 4, 'speedup': (1.39, 2.31, 2.98), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (21, None), 'total_seq_len': (582, 3465)}, 'workloads': 18, 'speedup': (1.32, 2.45, 3.85), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3465, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (3, 22), 'total_seq_len': (3465, None)}, 'workloads': 10, 'speedup': (1.39, 2.46, 6.85), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 170), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 10, 'speedup': (1.31, 1.87, 2.86), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (170, None), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.14, 1.38, 1.63), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -112,16 +118,13 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 724 and num_seqs <= 1:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 7 workloads, 1.26x (1.11x .. 1.41x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len <= 5:
+    # region 7: 10 workloads, 1.25x (1.04x .. 1.38x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len <= 6:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 26 workloads, 2.34x (1.06x .. 5.70x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 803 and num_seqs > 1 and mean_seq_len > 5:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 10: 23 workloads, 1.61x (1.04x .. 5.82x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1874 and num_seqs > 1:
+    # region 8: 46 workloads, 2.05x (1.04x .. 5.82x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 6:
         return 'flashinfer_direct'
-    # region 11: 44 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 44 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1874 and num_seqs > 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -130,26 +133,38 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 4.12x (2.84x .. 8.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 316 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 38 workloads, 4.52x (1.17x .. 9.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 1.52x (1.14x .. 2.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and mean_seq_len > 1448:
-        return 'flashinfer_direct'
-    # region 4: 11 workloads, 5.70x (3.55x .. 9.04x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and 2 < mean_seq_len <= 315:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 5 workloads, 3.22x (3.00x .. 3.48x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and 315 < mean_seq_len <= 1448:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'flashinfer_direct'
-    # region 6: 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 316 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 60 workloads, 2.11x (1.14x .. 3.80x) over vllm_flashinfer_prefill
-    if total_seq_len > 718 and num_seqs > 3 and 2 < mean_seq_len <= 1448:
+    # region 1: 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 153 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 22 workloads, 6.63x (3.31x .. 9.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 282 and 2 < num_seqs <= 21:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 6 workloads, 3.20x (2.84x .. 4.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 316 and num_seqs > 21 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 9 workloads, 2.42x (1.17x .. 3.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 582 and num_seqs > 21 and mean_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 12 workloads, 4.48x (2.52x .. 6.53x) over vllm_flashinfer_prefill
+    if 153 < total_seq_len <= 3465 and num_seqs <= 2:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 30 workloads, 4.69x (2.14x .. 8.50x) over vllm_flashinfer_prefill
+    if 282 < total_seq_len <= 3465 and 2 < num_seqs <= 21:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill
+    if 316 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 18 workloads, 2.45x (1.32x .. 3.85x) over vllm_flashinfer_prefill
+    if 582 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len > 2:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 10 workloads, 2.46x (1.39x .. 6.85x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and 3 < num_seqs <= 22:
+        return 'cuda_prefill_staged.r64s4'
+    # region 11: 10 workloads, 1.87x (1.31x .. 2.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 22 and mean_seq_len <= 170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 170:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -159,18 +174,18 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.41% mean, 70.19% max;
-#             1.351x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.17% mean, 59.96% max;
-#             2.558x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.85% mean, 70.19% max;
+#             1.346x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.44% mean, 71.78% max;
+#             2.910x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   2. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.96x (8.91x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: flashinfer_direct, 2 workloads, 3.31x (3.12x .. 3.51x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   6. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   9. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 39: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
 #   10. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
@@ -180,96 +195,95 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   14. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 27: flashinfer_direct, 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   15. total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   16. total_seq_len <= 533 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.68x (1.60x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
-#   17. total_seq_len <= 533 and num_seqs > 51 and mean_seq_len <= 2 and 11 < max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+#   17. total_seq_len <= 533 and num_seqs > 51 and mean_seq_len <= 2 and 11 < max_seq_len <= 66: cuda_prefill_staged.r64s4, 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
 #   18. total_seq_len <= 533 and num_seqs > 51 and 2 < mean_seq_len <= 11 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.23x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len <= 533 and num_seqs > 51 and 2 < mean_seq_len <= 11 and 8 < max_seq_len <= 70: cuda_prefill_staged.r64s4, 2 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
-#   20. total_seq_len <= 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 221: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   21. total_seq_len <= 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and max_seq_len > 221: vllm_flashinfer_prefill (baseline), 0 workloads
-#   22. total_seq_len <= 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len <= 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 653: flashinfer_direct, 4 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 54: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   25. total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and 54 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   27. total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   28. 51 < num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 70: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4
-#   29. num_seqs > 79 and mean_seq_len <= 12 and 70 < max_seq_len <= 399: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   30. num_seqs > 79 and mean_seq_len <= 12 and max_seq_len > 399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. num_seqs > 79 and mean_seq_len > 30 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   32. 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   33. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   34. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762: flashinfer_direct, 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
-#   35. 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   36. total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711: flashinfer_direct, 31 workloads, 2.44x (1.36x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   37. total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   38. total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   39. total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 5 workloads, 1.35x (1.33x .. 1.38x) over vllm_flashinfer_prefill
-#   41. 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   42. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   43. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   44. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   45. total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   46. 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   48. total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 0 workloads
-#   50. total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   51. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4
-#   52. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   53. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   54. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   55. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   56. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   57. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
-#   58. total_seq_len > 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   59. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   60. total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   61. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   62. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
-#   63. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   64. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 3 workloads
-#   65. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   66. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
-#   67. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   68. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. total_seq_len <= 533 and num_seqs > 51 and 2 < mean_seq_len <= 11 and 8 < max_seq_len <= 66: cuda_prefill_staged.r64s4, 2 workloads, 1.10x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+#   20. total_seq_len <= 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 66: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len <= 5792 and 51 < num_seqs <= 79 and 66 < max_seq_len <= 653: flashinfer_direct, 4 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 45: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   23. total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and 45 < max_seq_len <= 66: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   25. total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   26. 51 < num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 66: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4
+#   27. num_seqs > 79 and mean_seq_len <= 17 and 66 < max_seq_len <= 399: cuda_prefill_staged.r64s4, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   28. num_seqs > 79 and mean_seq_len <= 17 and max_seq_len > 399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   29. num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 66: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   30. 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   31. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   32. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762: flashinfer_direct, 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
+#   33. 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   34. total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711: flashinfer_direct, 31 workloads, 2.44x (1.36x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   35. total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.50x (1.46x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8
+#   39. total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and 6 < max_seq_len <= 66: cuda_prefill_staged.r64s4, 3 workloads, 1.33x (1.32x .. 1.35x) over vllm_flashinfer_prefill
+#   40. 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   43. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   44. total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   45. 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   47. total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 66: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   48. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   49. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   50. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   51. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   52. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   53. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   54. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   55. total_seq_len > 5792 and 51 < num_seqs <= 79 and 66 < max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   56. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   57. total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 66: cuda_prefill_staged.r64s4, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   58. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   59. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
+#   60. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   61. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 3 workloads
+#   62. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   63. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
+#   64. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   65. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 181 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 9 workloads, 4.85x (2.85x .. 7.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 362 and num_seqs <= 10 and 127 < max_seq_len <= 180: cuda_prefill_pool_rows.k16c8, 2 workloads, 5.55x (5.51x .. 5.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 362 and num_seqs <= 10 and 255 < max_seq_len <= 272: cuda_prefill_pool_rows.k16c8, 1 workloads, 4.19x (4.19x .. 4.19x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 724 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.48x (6.20x .. 8.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.06x (3.73x .. 4.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 724 and num_seqs > 22 and 127 < max_seq_len <= 240: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   8. num_seqs <= 10 and mean_seq_len <= 158 and 180 < max_seq_len <= 255: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.36x (3.54x .. 4.96x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   9. num_seqs <= 10 and 272 < max_seq_len <= 4093: flashinfer_direct, 23 workloads, 3.06x (2.04x .. 4.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. num_seqs <= 10 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 8 workloads
-#   11. num_seqs <= 10 and mean_seq_len > 158 and 180 < max_seq_len <= 255: triton_prefill_fused.c16v32, 2 workloads, 4.01x (3.89x .. 4.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. num_seqs <= 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   13. 10 < num_seqs <= 22 and 231 < max_seq_len <= 7658: flashinfer_direct, 9 workloads, 2.65x (1.48x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   14. 10 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
-#   15. num_seqs > 22 and 240 < max_seq_len <= 16368: flashinfer_direct, 19 workloads, 1.53x (1.14x .. 1.89x) over vllm_flashinfer_prefill
-#   16. num_seqs > 22 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
-#   17. num_seqs > 30 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   18. 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 362 and num_seqs <= 10 and 127 < max_seq_len <= 180: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.83x (4.03x .. 5.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. total_seq_len > 362 and num_seqs <= 10 and 255 < max_seq_len <= 272: triton_prefill_fused.c16v32, 2 workloads, 3.68x (3.40x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   21. total_seq_len > 362 and 10 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   22. 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   23. total_seq_len > 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231: triton_prefill_fused.c16v64, 2 workloads, 3.84x (3.77x .. 3.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   24. total_seq_len > 724 and num_seqs > 22 and 127 < max_seq_len <= 240: flashinfer_direct, 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   25. 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127: triton_prefill_fused.c16v64, 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   26. 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   27. 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 5792 and 31 < max_seq_len <= 127: flashinfer_direct, 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 90 and num_seqs > 30 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 126 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.74x (7.27x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 126 and 16 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 8 workloads, 5.77x (2.85x .. 7.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 158 and num_seqs <= 2 and max_seq_len > 127: cuda_prefill_pool_rows.k16c8, 1 workloads, 5.51x (5.51x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 374 and num_seqs <= 30 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 374 and num_seqs > 2 and max_seq_len > 127: cuda_prefill_staged.r64s4, 3 workloads, 3.51x (2.14x .. 4.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
+#   7. 90 < total_seq_len <= 374 and num_seqs > 30 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.45x (3.10x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 126 < total_seq_len <= 374 and 8 < max_seq_len <= 52: cuda_prefill_pool_rows.k8c8, 5 workloads, 6.40x (3.00x .. 8.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 126 < total_seq_len <= 374 and 52 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 7 workloads, 5.08x (3.17x .. 5.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 158 < total_seq_len <= 374 and num_seqs <= 2 and max_seq_len > 127: cuda_prefill_staged.r64s4, 5 workloads, 5.49x (4.42x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. 374 < total_seq_len <= 533 and num_seqs <= 11 and max_seq_len > 45: cuda_prefill_staged.r64s4, 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. 374 < total_seq_len <= 533 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.12x (2.73x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   13. 374 < total_seq_len <= 533 and 30 < max_seq_len <= 45: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.20x (6.20x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 374 < total_seq_len <= 533 and num_seqs > 11 and 45 < max_seq_len <= 93: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 374 < total_seq_len <= 533 and num_seqs > 11 and max_seq_len > 93: cuda_prefill_staged.r64s4, 5 workloads, 2.59x (1.52x .. 4.41x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   16. 533 < total_seq_len <= 1448 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.71x (2.17x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   17. 533 < total_seq_len <= 3465 and max_seq_len > 28: cuda_prefill_staged.r64s4, 41 workloads, 3.63x (1.57x .. 7.70x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   18. 1448 < total_seq_len <= 3465 and max_seq_len <= 28: cuda_prefill_staged.r64s4, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v32
+#   19. 3465 < total_seq_len <= 5947 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   20. 3465 < total_seq_len <= 23514 and num_seqs > 22 and max_seq_len > 11024: flashinfer_direct, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 3465 and num_seqs <= 5 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 7 workloads
+#   22. total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   23. total_seq_len > 3465 and 5 < num_seqs <= 11 and 4093 < max_seq_len <= 7660: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 3465 and 5 < num_seqs <= 11 and max_seq_len > 7660: vllm_flashinfer_prefill (baseline), 0 workloads
+#   25. total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 7658: cuda_prefill_staged.r64s4, 4 workloads, 2.93x (1.74x .. 6.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 3465 and 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024: cuda_prefill_staged.r64s4, 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   28. total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   29. total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362: flashinfer_direct, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 23514 and num_seqs > 22 and max_seq_len > 11024: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (8.91, 8.96, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.12, 3.31, 3.51), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.79, 7.79, 7.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.79, 7.79, 7.79), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 6), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 39), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (39, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
@@ -279,89 +293,88 @@ REGIONS_HINTED = (
     {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (27, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.36, 5.36, 5.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
     {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 533)}, 'workloads': 4, 'speedup': (1.6, 1.68, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 70), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 533)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 66), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 533)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
     {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, 11), 'num_seqs': (51, None), 'total_seq_len': (None, 533)}, 'workloads': 2, 'speedup': (1.23, 1.38, 1.54), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 70), 'mean_seq_len': (2, 11), 'num_seqs': (51, None), 'total_seq_len': (None, 533)}, 'workloads': 2, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 221), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, None), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (90, 181), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (70, 653), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, 70), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 399), 'mean_seq_len': (None, 12), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': (), 'hand_back': True},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (399, None), 'mean_seq_len': (None, 12), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (30, None), 'num_seqs': (79, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (1, 51), 'total_seq_len': (72, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.18, 1.53), 'fallbacks': ()},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (72, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 31, 'speedup': (1.36, 2.44, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (72, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 22, 'speedup': (1.03, 2.25, 5.82), 'fallbacks': ()},
-    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (1.33, 1.35, 1.38), 'fallbacks': ()},
-    {'region': 41, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.09, 1.51, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 362), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (12, 30), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (90, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4')},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 56, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
-    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (70, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 60, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': (), 'hand_back': True},
-    {'region': 61, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 62, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 63, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 64, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 65, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 67, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 68, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 66), 'mean_seq_len': (2, 11), 'num_seqs': (51, None), 'total_seq_len': (None, 533)}, 'workloads': 2, 'speedup': (1.1, 1.1, 1.11), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 66), 'mean_seq_len': (11, None), 'num_seqs': (90, 181), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (66, 653), 'num_seqs': (51, 79), 'total_seq_len': (None, 5792)}, 'workloads': 4, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (45, 66), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 66), 'mean_seq_len': (11, None), 'num_seqs': (51, 90)}, 'workloads': 2, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (66, 399), 'mean_seq_len': (None, 17), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (399, None), 'mean_seq_len': (None, 17), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (66, None), 'mean_seq_len': (17, None), 'num_seqs': (79, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (1, 51), 'total_seq_len': (72, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.18, 1.53), 'fallbacks': ()},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (72, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 31, 'speedup': (1.36, 2.44, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (72, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 22, 'speedup': (1.03, 2.25, 5.82), 'fallbacks': ()},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (533, None)}, 'workloads': 2, 'speedup': (1.46, 1.5, 1.53), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 66), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (533, None)}, 'workloads': 3, 'speedup': (1.32, 1.33, 1.35), 'fallbacks': ()},
+    {'region': 40, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.09, 1.51, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64'), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 66), 'mean_seq_len': (11, None), 'num_seqs': (90, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 51, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 53, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 55, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (66, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 57, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 66), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': (), 'hand_back': True},
+    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 60, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 61, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 62, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 63, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 64, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 65, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (None, 181)}, 'workloads': 9, 'speedup': (2.85, 4.85, 7.8), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (127, 180), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (5.51, 5.55, 5.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (255, 272), 'num_seqs': (None, 10), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (4.19, 4.19, 4.19), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (3.0, 6.91, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (6.2, 7.48, 8.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 231), 'num_seqs': (10, 22), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (3.73, 4.06, 4.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 240), 'num_seqs': (22, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (180, 255), 'mean_seq_len': (None, 158), 'num_seqs': (None, 10)}, 'workloads': 3, 'speedup': (3.54, 4.36, 4.96), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (272, 4093), 'num_seqs': (None, 10)}, 'workloads': 23, 'speedup': (2.04, 3.06, 4.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 10)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (180, 255), 'mean_seq_len': (158, None), 'num_seqs': (None, 10)}, 'workloads': 2, 'speedup': (3.89, 4.01, 4.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 30)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (231, 7658), 'num_seqs': (10, 22)}, 'workloads': 9, 'speedup': (1.48, 2.65, 3.43), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (10, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (240, 16368), 'num_seqs': (22, None)}, 'workloads': 19, 'speedup': (1.14, 1.53, 1.89), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (30, None)}, 'workloads': 9, 'speedup': (2.39, 2.96, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 127), 'total_seq_len': (181, 1448)}, 'workloads': 8, 'speedup': (1.79, 3.8, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 180), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (4.03, 4.83, 5.58), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (255, 272), 'num_seqs': (None, 10), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.4, 3.68, 3.99), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (10, 31), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (2.17, 3.06, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 45), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (3.45, 3.45, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 231), 'num_seqs': (10, 22), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (3.77, 3.84, 3.91), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 240), 'num_seqs': (22, None), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.43, 1.61, 1.77), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (None, 90), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.75, 2.07, 2.46), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (31, 49), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (2.4, 2.51, 2.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (49, 127), 'num_seqs': (90, None), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (31, 127), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (30, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (None, 126)}, 'workloads': 3, 'speedup': (7.27, 8.74, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 127), 'total_seq_len': (None, 126)}, 'workloads': 8, 'speedup': (2.85, 5.77, 7.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (127, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 158)}, 'workloads': 1, 'speedup': (5.51, 5.51, 5.51), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 30), 'total_seq_len': (None, 374)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, None), 'num_seqs': (2, None), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (2.14, 3.51, 4.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (30, None), 'total_seq_len': (90, 374)}, 'workloads': 3, 'speedup': (3.1, 3.45, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 52), 'total_seq_len': (126, 374)}, 'workloads': 5, 'speedup': (3.0, 6.4, 8.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (52, 127), 'total_seq_len': (126, 374)}, 'workloads': 7, 'speedup': (3.17, 5.08, 5.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, None), 'num_seqs': (None, 2), 'total_seq_len': (158, 374)}, 'workloads': 5, 'speedup': (4.42, 5.49, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (None, 11), 'total_seq_len': (374, 533)}, 'workloads': 7, 'speedup': (2.97, 5.04, 8.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'total_seq_len': (374, 533)}, 'workloads': 5, 'speedup': (2.73, 3.12, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 45), 'total_seq_len': (374, 533)}, 'workloads': 1, 'speedup': (6.2, 6.2, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (45, 93), 'num_seqs': (11, None), 'total_seq_len': (374, 533)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (93, None), 'num_seqs': (11, None), 'total_seq_len': (374, 533)}, 'workloads': 5, 'speedup': (1.52, 2.59, 4.41), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'total_seq_len': (533, 1448)}, 'workloads': 4, 'speedup': (2.17, 2.71, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, None), 'total_seq_len': (533, 3465)}, 'workloads': 41, 'speedup': (1.57, 3.63, 7.7), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 28), 'total_seq_len': (1448, 3465)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'total_seq_len': (3465, 5947)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (3465, 23514)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 4093), 'num_seqs': (None, 11), 'total_seq_len': (3465, None)}, 'workloads': 3, 'speedup': (2.92, 3.18, 3.75), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4093, 7660), 'num_seqs': (5, 11), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7660, None), 'num_seqs': (5, 11), 'total_seq_len': (3465, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 7658), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.74, 2.93, 6.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 11024), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.28, 1.69, 2.33), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 181), 'total_seq_len': (5947, None)}, 'workloads': 4, 'speedup': (1.56, 1.89, 2.37), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (181, None), 'total_seq_len': (5947, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (23514, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -384,13 +397,13 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
     # region 5: 1 workloads, 7.79x (7.79x .. 7.79x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and 4 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 10:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 39:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
@@ -418,139 +431,136 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 16: 4 workloads, 1.68x (1.60x .. 1.80x) over vllm_flashinfer_prefill
     if total_seq_len <= 533 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 51 and mean_seq_len <= 2 and 11 < max_seq_len <= 70:
+    # region 17: 1 workloads, 1.17x (1.17x .. 1.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 51 and mean_seq_len <= 2 and 11 < max_seq_len <= 66:
         return 'cuda_prefill_staged.r64s4'
     # region 18: 2 workloads, 1.38x (1.23x .. 1.54x) over vllm_flashinfer_prefill
     if total_seq_len <= 533 and num_seqs > 51 and 2 < mean_seq_len <= 11 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 2 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 51 and 2 < mean_seq_len <= 11 and 8 < max_seq_len <= 70:
+    # region 19: 2 workloads, 1.10x (1.10x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 51 and 2 < mean_seq_len <= 11 and 8 < max_seq_len <= 66:
         return 'cuda_prefill_staged.r64s4'
     # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 221:
-        return 'cuda_prefill_staged.r64s4'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70:
+    if total_seq_len <= 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 66:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 4 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 653:
+    # region 21: 4 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 51 < num_seqs <= 79 and 66 < max_seq_len <= 653:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 54:
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 24: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091:
         return 'flashinfer_direct'
-    # region 27: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 2 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
-    if 51 < num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 70:
+    # region 26: 2 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill
+    if 51 < num_seqs <= 90 and mean_seq_len > 11 and max_seq_len <= 66:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 79 and mean_seq_len <= 12 and 70 < max_seq_len <= 399:
+    # region 27: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 79 and mean_seq_len <= 17 and 66 < max_seq_len <= 399:
         return 'cuda_prefill_staged.r64s4'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 79 and mean_seq_len <= 12 and max_seq_len > 399:
+    # region 28: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 79 and mean_seq_len <= 17 and max_seq_len > 399:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 79 and mean_seq_len > 30 and max_seq_len > 70:
+    # region 29: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 66:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 33: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
+    # region 32: 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762:
         return 'flashinfer_direct'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
     if 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 36: 31 workloads, 2.44x (1.36x .. 4.17x) over vllm_flashinfer_prefill
+    # region 34: 31 workloads, 2.44x (1.36x .. 4.17x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 711:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 38: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
+    # region 36: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 39: 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
+    # region 37: 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711:
         return 'flashinfer_direct'
-    # region 40: 5 workloads, 1.35x (1.33x .. 1.38x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 70:
+    # region 38: 2 workloads, 1.50x (1.46x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 39: 3 workloads, 1.33x (1.32x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 51 and mean_seq_len <= 11 and 6 < max_seq_len <= 66:
         return 'cuda_prefill_staged.r64s4'
-    # region 41: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    # region 40: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
     if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:
         return 'triton_prefill_chunked.v64'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
         return 'flashinfer_direct'
-    # region 45: 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill
+    # region 44: 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362:
-        return 'cuda_prefill_staged.r64s4'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 70:
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 90 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 66:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 51: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 48: 4 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
+    # region 51: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 55: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
     if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 57: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 54: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 58: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 51 < num_seqs <= 79 and 70 < max_seq_len <= 636:
+    # region 55: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 51 < num_seqs <= 79 and 66 < max_seq_len <= 636:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 59: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 56: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 60: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70:
+    # region 57: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 66:
         return 'cuda_prefill_staged.r64s4'
-    # region 61: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
+    # region 58: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
     if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 63: 0 workloads, by estimated times (no measured workload in it)
+    # region 60: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 65: 0 workloads, by estimated times (no measured workload in it)
+    # region 62: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 67: 0 workloads, by estimated times (no measured workload in it)
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 64: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -559,110 +569,109 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 4.85x (2.85x .. 7.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 45 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 5.55x (5.51x .. 5.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 10 and 127 < max_seq_len <= 180:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 1 workloads, 4.19x (4.19x .. 4.19x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 10 and 255 < max_seq_len <= 272:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 6 workloads, 6.91x (3.00x .. 9.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 10 < max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 6 workloads, 7.48x (6.20x .. 8.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 31 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 4.06x (3.73x .. 4.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 22 and 127 < max_seq_len <= 240:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 3 workloads, 4.36x (3.54x .. 4.96x) over vllm_flashinfer_prefill
-    if num_seqs <= 10 and mean_seq_len <= 158 and 180 < max_seq_len <= 255:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 9: 23 workloads, 3.06x (2.04x .. 4.15x) over vllm_flashinfer_prefill
-    if num_seqs <= 10 and 272 < max_seq_len <= 4093:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 11: 2 workloads, 4.01x (3.89x .. 4.14x) over vllm_flashinfer_prefill
-    if num_seqs <= 10 and mean_seq_len > 158 and 180 < max_seq_len <= 255:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
-    if num_seqs <= 30 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 9 workloads, 2.65x (1.48x .. 3.43x) over vllm_flashinfer_prefill
-    if 10 < num_seqs <= 22 and 231 < max_seq_len <= 7658:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 15: 19 workloads, 1.53x (1.14x .. 1.89x) over vllm_flashinfer_prefill
-    if num_seqs > 22 and 240 < max_seq_len <= 16368:
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and num_seqs > 30 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 3 workloads, 8.74x (7.27x .. 9.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 126 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 8 workloads, 5.77x (2.85x .. 7.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 126 and 16 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 5.51x (5.51x .. 5.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 158 and num_seqs <= 2 and max_seq_len > 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 30 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 3 workloads, 3.51x (2.14x .. 4.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs > 2 and max_seq_len > 127:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 3 workloads, 3.45x (3.10x .. 4.23x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 374 and num_seqs > 30 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 5 workloads, 6.40x (3.00x .. 8.83x) over vllm_flashinfer_prefill
+    if 126 < total_seq_len <= 374 and 8 < max_seq_len <= 52:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 7 workloads, 5.08x (3.17x .. 5.88x) over vllm_flashinfer_prefill
+    if 126 < total_seq_len <= 374 and 52 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 10: 5 workloads, 5.49x (4.42x .. 6.53x) over vllm_flashinfer_prefill
+    if 158 < total_seq_len <= 374 and num_seqs <= 2 and max_seq_len > 127:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 533 and num_seqs <= 11 and max_seq_len > 45:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 5 workloads, 3.12x (2.73x .. 3.63x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 533 and max_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 1 workloads, 6.20x (6.20x .. 6.20x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 533 and 30 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 14: 1 workloads, 2.35x (2.35x .. 2.35x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 533 and num_seqs > 11 and 45 < max_seq_len <= 93:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 15: 5 workloads, 2.59x (1.52x .. 4.41x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 533 and num_seqs > 11 and max_seq_len > 93:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 4 workloads, 2.71x (2.17x .. 3.39x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 41 workloads, 3.63x (1.57x .. 7.70x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 3465 and max_seq_len > 28:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 3465 and max_seq_len <= 28:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill
+    if 3465 < total_seq_len <= 5947 and max_seq_len <= 362:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+    if 3465 < total_seq_len <= 23514 and num_seqs > 22 and max_seq_len > 11024:
         return 'flashinfer_direct'
-    # region 17: 9 workloads, 2.96x (2.39x .. 4.23x) over vllm_flashinfer_prefill
-    if num_seqs > 30 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 8 workloads, 3.80x (1.79x .. 7.11x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and 45 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 19: 3 workloads, 4.83x (4.03x .. 5.58x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 10 and 127 < max_seq_len <= 180:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 2 workloads, 3.68x (3.40x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 10 and 255 < max_seq_len <= 272:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 21: 4 workloads, 3.06x (2.17x .. 3.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 10 < max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1448 and 31 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 2 workloads, 3.84x (3.77x .. 3.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 10 < num_seqs <= 22 and 127 < max_seq_len <= 231:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 4 workloads, 1.61x (1.43x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 22 and 127 < max_seq_len <= 240:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 25: 2 workloads, 2.07x (1.75x .. 2.46x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 90 and 49 < max_seq_len <= 127:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 2 workloads, 2.51x (2.40x .. 2.62x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 31 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 5792 and num_seqs > 90 and 49 < max_seq_len <= 127:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 28: 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 31 < max_seq_len <= 127:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and 5 < num_seqs <= 11 and 4093 < max_seq_len <= 7660:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 4 workloads, 2.93x (1.74x .. 6.85x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 7658:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill
+    if total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362:
+        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 221:  # region 20
+    if num_seqs > 79 and mean_seq_len <= 17 and 66 < max_seq_len <= 399:  # region 27
         return True
-    if num_seqs > 79 and mean_seq_len <= 12 and 70 < max_seq_len <= 399:  # region 29
+    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 40
         return True
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 41
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 43
         return True
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 44
+    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 45
         return True
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 46
+    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 49
         return True
-    if total_seq_len > 2896 and num_seqs > 79 and 12 < mean_seq_len <= 30 and 70 < max_seq_len <= 362:  # region 48
+    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 51
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 52
+    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:  # region 53
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 54
+    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 66:  # region 57
         return True
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:  # region 56
+    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 58
         return True
-    if total_seq_len > 5792 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 70:  # region 60
+    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 60
         return True
-    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 61
-        return True
-    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 63
-        return True
-    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 65
+    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 62
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T19:02:10Z
+# measured    up to 2026-11-30T21:01:01Z
 # workloads   135 (workload-set digest b698482d305aea2d)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -15,7 +15,7 @@
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/128  0.43x  [7 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/128  0.43x  [8 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/128  0.45x  [8 screened out]
-#   cuda_prefill_staged.r64s4       c4b2cf98a2f97f90  134/135  1.25x  [1 screened out]
+#   cuda_prefill_staged.r64s4       a895aada64a7142b  133/135  1.29x  [2 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  134/135  1.33x  [1 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  131/135  0.66x  [4 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  131/135  0.72x  [4 screened out]
@@ -36,60 +36,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.13% mean, 73.99% max;
-#             1.192x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.40% mean, 85.11% max;
-#             1.968x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.01% mean, 71.68% max;
+#             1.185x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.76% mean, 62.39% max;
+#             2.365x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
-#   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 6 workloads, 1.13x (1.09x .. 1.15x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   5. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462: flashinfer_direct, 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   7. 168 < total_seq_len <= 724 and num_seqs > 18: cuda_prefill_staged.r64s4, 14 workloads, 1.38x (1.15x .. 1.54x) over vllm_flashinfer_prefill
-#   8. 168 < total_seq_len <= 771 and 7 < num_seqs <= 18: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 771 and num_seqs > 7 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 6 workloads, 1.43x (1.23x .. 1.51x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 45 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   7. 168 < total_seq_len <= 397 and num_seqs > 7: cuda_prefill_staged.r64s4, 8 workloads, 1.29x (1.04x .. 1.52x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len <= 22: cuda_prefill_staged.r64s4, 9 workloads, 1.24x (1.05x .. 1.36x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 42 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   10. total_seq_len > 397 and num_seqs > 85 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 9 workloads, 1.44x (1.25x .. 1.51x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 397 and num_seqs > 85 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   12. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 326 and num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 31 workloads, 4.64x (1.77x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   2. total_seq_len <= 397 and num_seqs > 17 and mean_seq_len > 2: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.32x (1.55x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 730 and num_seqs > 17 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.69x (1.63x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   4. 326 < total_seq_len <= 730 and num_seqs <= 8: flashinfer_direct, 8 workloads, 2.72x (1.77x .. 3.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8
-#   5. 326 < total_seq_len <= 730 and 8 < num_seqs <= 17: triton_prefill_fused.c16v64, 4 workloads, 1.93x (1.62x .. 2.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   6. 397 < total_seq_len <= 730 and num_seqs > 17 and mean_seq_len > 2: triton_prefill_fused.c16v64, 6 workloads, 1.74x (1.32x .. 2.17x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   7. 730 < total_seq_len <= 7643 and num_seqs <= 83: flashinfer_direct, 39 workloads, 1.99x (1.41x .. 3.42x) over vllm_flashinfer_prefill
-#   8. 730 < total_seq_len <= 7643 and num_seqs > 83: cuda_prefill_staged.r64s4, 8 workloads, 1.54x (1.40x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 7643 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 7643 and num_seqs > 1: flashinfer_direct, 23 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   2. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 245 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   4. 90 < total_seq_len <= 5404 and num_seqs <= 17: cuda_prefill_staged.r64s4, 55 workloads, 3.85x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. 245 < total_seq_len <= 5404 and num_seqs > 17: cuda_prefill_staged.r64s4, 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   6. total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. total_seq_len > 5404 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845: flashinfer_direct, 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.21, 1.65, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.09, 1.13, 1.15), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.09, 1.12, 1.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 10, 'speedup': (1.09, 1.59, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (18, None), 'total_seq_len': (168, 724)}, 'workloads': 14, 'speedup': (1.15, 1.38, 1.54), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (7, 18), 'total_seq_len': (168, 771)}, 'workloads': 10, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (7, None), 'total_seq_len': (771, None)}, 'workloads': 6, 'speedup': (1.23, 1.43, 1.51), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (7, None), 'total_seq_len': (771, None)}, 'workloads': 45, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (7, None), 'total_seq_len': (168, 397)}, 'workloads': 8, 'speedup': (1.04, 1.29, 1.52), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (7, 85), 'total_seq_len': (397, None)}, 'workloads': 9, 'speedup': (1.05, 1.24, 1.36), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (7, 85), 'total_seq_len': (397, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (85, None), 'total_seq_len': (397, None)}, 'workloads': 9, 'speedup': (1.25, 1.44, 1.51), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (397, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (None, 326)}, 'workloads': 31, 'speedup': (1.77, 4.64, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (17, None), 'total_seq_len': (None, 397)}, 'workloads': 4, 'speedup': (1.55, 2.32, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (17, None), 'total_seq_len': (None, 730)}, 'workloads': 9, 'speedup': (1.63, 2.69, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 8), 'total_seq_len': (326, 730)}, 'workloads': 8, 'speedup': (1.77, 2.72, 3.65), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (8, 17), 'total_seq_len': (326, 730)}, 'workloads': 4, 'speedup': (1.62, 1.93, 2.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (17, None), 'total_seq_len': (397, 730)}, 'workloads': 6, 'speedup': (1.32, 1.74, 2.17), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 83), 'total_seq_len': (730, 7643)}, 'workloads': 39, 'speedup': (1.41, 1.99, 3.42), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (83, None), 'total_seq_len': (730, 7643)}, 'workloads': 8, 'speedup': (1.4, 1.54, 1.63), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (7643, None)}, 'workloads': 23, 'speedup': (1.12, 1.48, 2.58), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 24), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 11, 'speedup': (3.3, 5.63, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (24, None), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 245)}, 'workloads': 6, 'speedup': (2.45, 3.04, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (90, 5404)}, 'workloads': 55, 'speedup': (1.45, 3.85, 8.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (245, 5404)}, 'workloads': 33, 'speedup': (1.56, 2.33, 3.42), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 25), 'total_seq_len': (5404, None)}, 'workloads': 10, 'speedup': (1.44, 1.94, 3.12), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (25, 38), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.12, 1.31, 1.55), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (38, 238), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.31, 1.64, 2.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (238, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -100,11 +102,11 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill
     if total_seq_len <= 31 and num_seqs <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 6 workloads, 1.13x (1.09x .. 1.15x) over vllm_flashinfer_prefill
+    # region 3: 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 4: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
@@ -116,19 +118,22 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 6: 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 14 workloads, 1.38x (1.15x .. 1.54x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 724 and num_seqs > 18:
+    # region 7: 8 workloads, 1.29x (1.04x .. 1.52x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 397 and num_seqs > 7:
         return 'cuda_prefill_staged.r64s4'
-    # region 8: 10 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 771 and 7 < num_seqs <= 18:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 9: 6 workloads, 1.43x (1.23x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 771 and num_seqs > 7 and mean_seq_len <= 8:
+    # region 8: 9 workloads, 1.24x (1.05x .. 1.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len <= 22:
         return 'cuda_prefill_staged.r64s4'
-    # region 10: 45 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 771 and num_seqs > 7 and mean_seq_len > 8:
+    # region 9: 42 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len > 22:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 9 workloads, 1.44x (1.25x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and num_seqs > 85 and mean_seq_len <= 8:
+        return 'cuda_prefill_staged.r64s4'
+    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and num_seqs > 85 and mean_seq_len > 8:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -137,35 +142,35 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 31 workloads, 4.64x (1.77x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 326 and num_seqs <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 4 workloads, 2.32x (1.55x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 397 and num_seqs > 17 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 9 workloads, 2.69x (1.63x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 730 and num_seqs > 17 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 8 workloads, 2.72x (1.77x .. 3.65x) over vllm_flashinfer_prefill
-    if 326 < total_seq_len <= 730 and num_seqs <= 8:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 5: 4 workloads, 1.93x (1.62x .. 2.16x) over vllm_flashinfer_prefill
-    if 326 < total_seq_len <= 730 and 8 < num_seqs <= 17:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 6 workloads, 1.74x (1.32x .. 2.17x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 730 and num_seqs > 17 and mean_seq_len > 2:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 39 workloads, 1.99x (1.41x .. 3.42x) over vllm_flashinfer_prefill
-    if 730 < total_seq_len <= 7643 and num_seqs <= 83:
-        return 'flashinfer_direct'
-    # region 8: 8 workloads, 1.54x (1.40x .. 1.63x) over vllm_flashinfer_prefill
-    if 730 < total_seq_len <= 7643 and num_seqs > 83:
+    # region 1: 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 245 and num_seqs > 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 55 workloads, 3.85x (1.45x .. 8.61x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 5404 and num_seqs <= 17:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 1:
+    # region 5: 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill
+    if 245 < total_seq_len <= 5404 and num_seqs > 17:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5404 and mean_seq_len > 4845:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 23 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 1:
+    # region 8: 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845:
+        return 'flashinfer_direct'
+    # region 9: 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -175,15 +180,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.83% mean, 48.34% max;
-#             1.215x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.46% mean, 15.48% max;
-#             2.065x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.80% mean, 48.34% max;
+#             1.212x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 1.79% mean, 33.09% max;
+#             2.448x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64
-#   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -191,74 +196,75 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   9. total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 44: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   10. total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len > 44: flashinfer_direct, 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
 #   11. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   12. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26: flashinfer_direct, 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   15. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: flashinfer_direct, 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   17. 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   18. 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   20. num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830: cuda_prefill_staged.r64s4, 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
-#   21. num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166: cuda_prefill_staged.r64s4, 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
-#   23. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   24. num_seqs > 21 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   25. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   26. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
-#   28. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct
-#   29. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181: flashinfer_direct, 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   31. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281: flashinfer_direct, 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655: flashinfer_direct, 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   36. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26: flashinfer_direct, 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26: flashinfer_direct, 7 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 568: cuda_prefill_staged.r64s4, 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   16. total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 568: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   17. 4 < num_seqs <= 10 and mean_seq_len > 26 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   18. 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   19. 4 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667: cuda_prefill_staged.r64s4, 10 workloads, 1.16x (1.04x .. 1.29x) over vllm_flashinfer_prefill
+#   20. 4 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 0 workloads
+#   21. num_seqs > 21 and mean_seq_len > 33: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   22. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 901: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   23. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   25. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   27. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 3 workloads, 1.48x (1.41x .. 1.52x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181: flashinfer_direct, 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   30. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281: flashinfer_direct, 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655: flashinfer_direct, 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   34. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   35. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 421: cuda_prefill_staged.r64s4, 4 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 421: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 168 and 8 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 15 workloads, 5.29x (2.51x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   5. total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.90x (3.48x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 1448 and num_seqs <= 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.22x (3.89x .. 4.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206: triton_prefill_fused.c16v64, 5 workloads, 2.75x (1.95x .. 4.31x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   9. num_seqs <= 5 and 8189 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   10. num_seqs <= 11 and 16372 < max_seq_len <= 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   11. num_seqs <= 34 and max_seq_len > 18958: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   12. num_seqs <= 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. mean_seq_len <= 8 and 256 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 1.52x (1.40x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. mean_seq_len > 8 and 206 < max_seq_len <= 8189: flashinfer_direct, 60 workloads, 2.04x (1.18x .. 3.88x) over vllm_flashinfer_prefill
-#   15. num_seqs > 5 and 8189 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   16. num_seqs > 11 and 16372 < max_seq_len <= 18958: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   17. num_seqs > 34 and max_seq_len > 18958: flashinfer_direct, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
-#   18. num_seqs > 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   19. 2 < total_seq_len <= 168 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   20. 36 < total_seq_len <= 168 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4
-#   21. 168 < total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.00x (6.00x .. 6.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   22. 168 < total_seq_len <= 724 and num_seqs > 45 and 33 < max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. 168 < total_seq_len <= 1448 and num_seqs > 45 and 11 < max_seq_len <= 33: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.27x (1.61x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 168 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 127: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.41x (2.06x .. 2.87x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 168 and num_seqs > 45 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.23x (1.74x .. 2.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   26. total_seq_len > 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127: triton_prefill_fused.c16v64, 7 workloads, 1.90x (1.63x .. 2.14x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
-#   27. total_seq_len > 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 22 and 33 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 2 workloads, 1.56x (1.50x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   29. total_seq_len > 724 and num_seqs > 45 and mean_seq_len > 22 and 33 < max_seq_len <= 127: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 1448 and 8 < mean_seq_len <= 45 and 127 < max_seq_len <= 206: cuda_prefill_staged.r64s4, 3 workloads, 1.50x (1.40x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   31. total_seq_len > 1448 and mean_seq_len > 45 and 127 < max_seq_len <= 206: flashinfer_direct, 3 workloads, 1.46x (1.20x .. 1.78x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 1448 and num_seqs > 45 and 11 < max_seq_len <= 33: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.52x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 22 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 45 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 90 and max_seq_len > 32: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_chunked.v64
+#   6. total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.69x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   8. 2 < total_seq_len <= 362 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 22 < total_seq_len <= 90 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. 36 < total_seq_len <= 362 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   11. 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. 90 < total_seq_len <= 362 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.93x (2.87x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 90 < total_seq_len <= 3448 and max_seq_len > 16: cuda_prefill_staged.r64s4, 78 workloads, 3.36x (1.56x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. 362 < total_seq_len <= 724 and 5 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.19x (2.13x .. 2.25x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 362 < total_seq_len <= 3448 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.34x (2.17x .. 2.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   16. 362 < total_seq_len <= 3448 and 8 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 2.18x (1.88x .. 2.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 724 < total_seq_len <= 3448 and 5 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 3448 < total_seq_len <= 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298: cuda_prefill_staged.r64s4, 3 workloads, 1.37x (1.31x .. 1.50x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   20. 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: cuda_prefill_staged.r64s4, 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: cuda_prefill_staged.r64s4, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189: flashinfer_direct, 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 3448 and mean_seq_len <= 90 and max_seq_len <= 298: cuda_prefill_staged.r64s4, 2 workloads, 1.44x (1.29x .. 1.61x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   28. total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   29. total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: flashinfer_direct, 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
@@ -266,70 +272,71 @@ REGIONS_HINTED = (
     {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (8, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.21, 3.21, 3.21), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.47, 4.55, 4.62), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (None, 1233)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1016), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1016, None), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 830), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.15, 1.23, 1.3), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (830, 898), 'mean_seq_len': (8, 26), 'num_seqs': (21, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 166), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.11, 1.15, 1.19), 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (166, None), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.31, 1.51), 'fallbacks': ()},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (8, 181), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (2.47, 2.74, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 9, 'speedup': (1.09, 1.6, 2.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2655), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 16, 'speedup': (1.16, 2.92, 4.96), 'fallbacks': ()},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2655, 4399), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (168, None)}, 'workloads': 2, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ()},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, None), 'total_seq_len': (1233, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.47, 4.55, 4.62), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (26, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ()},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 568), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (568, None), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (26, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (26, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1667), 'mean_seq_len': (8, 26), 'num_seqs': (4, 138)}, 'workloads': 10, 'speedup': (1.04, 1.16, 1.29), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (8, 26), 'num_seqs': (4, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (33, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 901), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.55, 1.61, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.41, 1.48, 1.52), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.3, 1.48), 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (8, 181), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (2.47, 2.74, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 9, 'speedup': (1.09, 1.6, 2.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2655), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 16, 'speedup': (1.16, 2.92, 4.96), 'fallbacks': ()},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2655, 4399), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (26, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 421), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.12, 1.14, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (421, None), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.46, 8.46, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 168)}, 'workloads': 1, 'speedup': (9.03, 9.03, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 127), 'total_seq_len': (None, 168)}, 'workloads': 15, 'speedup': (2.51, 5.29, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (5, None), 'total_seq_len': (None, 168)}, 'workloads': 3, 'speedup': (3.48, 3.9, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (127, 157), 'mean_seq_len': (None, 8), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (3.89, 4.22, 4.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, None), 'num_seqs': (2, None), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.95, 2.75, 4.31), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (None, 34)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (157, 256), 'mean_seq_len': (None, 8), 'num_seqs': (None, 90)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (256, 8189), 'mean_seq_len': (None, 8)}, 'workloads': 4, 'speedup': (1.4, 1.52, 1.63), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (206, 8189), 'mean_seq_len': (8, None)}, 'workloads': 60, 'speedup': (1.18, 2.04, 3.88), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8189, 16372), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (16372, 18958), 'num_seqs': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18958, None), 'num_seqs': (34, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (157, 256), 'mean_seq_len': (None, 8), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (2, 168)}, 'workloads': 2, 'speedup': (3.03, 3.3, 3.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 168)}, 'workloads': 3, 'speedup': (3.32, 3.47, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (22, None), 'num_seqs': (None, 45), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (6.0, 6.0, 6.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (33, 127), 'num_seqs': (45, None), 'total_seq_len': (168, 724)}, 'workloads': 1, 'speedup': (2.45, 2.45, 2.45), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 33), 'num_seqs': (45, None), 'total_seq_len': (168, 1448)}, 'workloads': 5, 'speedup': (1.61, 2.27, 2.99), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (None, 22), 'num_seqs': (None, 45), 'total_seq_len': (168, None)}, 'workloads': 4, 'speedup': (2.06, 2.41, 2.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (168, None)}, 'workloads': 6, 'speedup': (1.74, 2.23, 2.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 127), 'mean_seq_len': (22, None), 'num_seqs': (None, 45), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.63, 1.9, 2.14), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 157), 'mean_seq_len': (None, 8), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, 127), 'mean_seq_len': (None, 22), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.5, 1.56, 1.62), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (33, 127), 'mean_seq_len': (22, None), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (8, 45), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.4, 1.5, 1.59), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 206), 'mean_seq_len': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.2, 1.46, 1.78), 'fallbacks': ()},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 33), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.52), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.46, 8.46, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (7.12, 7.12, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (32, None), 'total_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (3.24, 5.75, 7.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (9.03, 9.03, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (5, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.69, 3.55, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (2, 362)}, 'workloads': 2, 'speedup': (3.03, 3.3, 3.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (22, 90)}, 'workloads': 3, 'speedup': (3.76, 6.58, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 362)}, 'workloads': 3, 'speedup': (3.32, 3.47, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (45, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (90, 362)}, 'workloads': 2, 'speedup': (2.87, 2.93, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (90, 3448)}, 'workloads': 78, 'speedup': (1.56, 3.36, 8.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 8), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (2.13, 2.19, 2.25), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (362, 3448)}, 'workloads': 2, 'speedup': (2.17, 2.34, 2.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (362, 3448)}, 'workloads': 2, 'speedup': (1.88, 2.18, 2.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5, 8), 'total_seq_len': (724, 3448)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (90, 821), 'total_seq_len': (3448, 11585)}, 'workloads': 3, 'speedup': (1.31, 1.37, 1.5), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (3448, 11585)}, 'workloads': 4, 'speedup': (1.73, 2.38, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 12699)}, 'workloads': 3, 'speedup': (1.57, 1.77, 2.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, 22103)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8189), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.43, 1.51, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (None, 90), 'total_seq_len': (3448, None)}, 'workloads': 2, 'speedup': (1.29, 1.44, 1.61), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7660, 16372), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (None, 90), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (22, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.35), 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (90, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (90, 821), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (12699, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -346,10 +353,10 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
     if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
@@ -373,91 +380,82 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
     # region 12: 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill
     if total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
     # region 13: 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
+    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898:
-        return 'cuda_prefill_staged.r64s4'
-    # region 15: 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
+    # region 14: 7 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956:
+    # region 15: 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 568:
+        return 'cuda_prefill_staged.r64s4'
+    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 568:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 10 and mean_seq_len > 26 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956:
+    # region 18: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len > 956:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 6 workloads, 1.23x (1.15x .. 1.30x) over vllm_flashinfer_prefill
-    if num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len <= 830:
+    # region 19: 10 workloads, 1.16x (1.04x .. 1.29x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667:
         return 'cuda_prefill_staged.r64s4'
-    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and 8 < mean_seq_len <= 26 and 830 < max_seq_len <= 898:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 6 workloads, 1.15x (1.11x .. 1.19x) over vllm_flashinfer_prefill
-    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166:
-        return 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 45:
+    # region 21: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len > 33:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 901:
+        return 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 901:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
     if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
     if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 27: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 19 workloads, 1.31x (1.09x .. 1.51x) over vllm_flashinfer_prefill
+    # region 26: 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 3 workloads, 1.48x (1.41x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 19:
+        return 'cuda_prefill_staged.r64s4'
+    # region 28: 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 2 < mean_seq_len <= 8:
         return 'cuda_prefill_staged.r64s4'
-    # region 30: 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill
+    # region 29: 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 31: 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill
+    # region 30: 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 32: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+    # region 32: 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655:
         return 'flashinfer_direct'
-    # region 34: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    # region 33: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 2 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and mean_seq_len <= 2 and max_seq_len > 13:
-        return 'cuda_prefill_staged.r64s4'
-    # region 38: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
+    # region 35: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1233 and num_seqs > 21 and 8 < mean_seq_len <= 26 and max_seq_len > 898:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 4 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 421:
+        return 'cuda_prefill_staged.r64s4'
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 421:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -466,105 +464,115 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill
     if total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 22 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 36 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 15 workloads, 5.29x (2.51x .. 8.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and 8 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 3.90x (3.48x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 2 workloads, 4.22x (3.89x .. 4.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 5 workloads, 2.75x (1.95x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 2 and mean_seq_len > 8 and 127 < max_seq_len <= 206:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 5 and 8189 < max_seq_len <= 16372:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 11 and 16372 < max_seq_len <= 18958:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 34 and max_seq_len > 18958:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
-    if num_seqs <= 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 4 workloads, 1.52x (1.40x .. 1.63x) over vllm_flashinfer_prefill
-    if mean_seq_len <= 8 and 256 < max_seq_len <= 8189:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 16 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and max_seq_len > 32:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 4 workloads, 3.55x (2.69x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill
+    if 2 < total_seq_len <= 362 and mean_seq_len <= 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 90 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 362 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 12: 2 workloads, 2.93x (2.87x .. 2.99x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 78 workloads, 3.36x (1.56x .. 8.61x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 3448 and max_seq_len > 16:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 60 workloads, 2.04x (1.18x .. 3.88x) over vllm_flashinfer_prefill
-    if mean_seq_len > 8 and 206 < max_seq_len <= 8189:
-        return 'flashinfer_direct'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 5 and 8189 < max_seq_len <= 16372:
-        return 'flashinfer_direct'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 11 and 16372 < max_seq_len <= 18958:
-        return 'flashinfer_direct'
-    # region 17: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
-    if num_seqs > 34 and max_seq_len > 18958:
-        return 'flashinfer_direct'
+    # region 14: 2 workloads, 2.19x (2.13x .. 2.25x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 724 and 5 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 2 workloads, 2.34x (2.17x .. 2.52x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3448 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 2 workloads, 2.18x (1.88x .. 2.52x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3448 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3448 and 5 < max_seq_len <= 8:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 90 and mean_seq_len <= 8 and 157 < max_seq_len <= 256:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill
-    if 2 < total_seq_len <= 168 and mean_seq_len <= 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 168 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 1 workloads, 6.00x (6.00x .. 6.00x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 22: 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 724 and num_seqs > 45 and 33 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 5 workloads, 2.27x (1.61x .. 2.99x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 1448 and num_seqs > 45 and 11 < max_seq_len <= 33:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 4 workloads, 2.41x (2.06x .. 2.87x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and num_seqs <= 45 and mean_seq_len <= 22 and max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 6 workloads, 2.23x (1.74x .. 2.69x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and num_seqs > 45 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 7 workloads, 1.90x (1.63x .. 2.14x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 45 and mean_seq_len > 22 and max_seq_len <= 127:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and mean_seq_len <= 8 and 127 < max_seq_len <= 157:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 2 workloads, 1.56x (1.50x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 22 and 33 < max_seq_len <= 127:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 724 and num_seqs > 45 and mean_seq_len > 22 and 33 < max_seq_len <= 127:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 30: 3 workloads, 1.50x (1.40x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and 8 < mean_seq_len <= 45 and 127 < max_seq_len <= 206:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 31: 3 workloads, 1.46x (1.20x .. 1.78x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and mean_seq_len > 45 and 127 < max_seq_len <= 206:
-        return 'flashinfer_direct'
-    # region 32: 2 workloads, 1.43x (1.35x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 45 and 11 < max_seq_len <= 33:
+    if 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 3 workloads, 1.37x (1.31x .. 1.50x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 2 workloads, 1.44x (1.29x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 3448 and mean_seq_len <= 90 and max_seq_len <= 298:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372:
+        return 'flashinfer_direct'
+    # region 28: 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081:
+        return 'flashinfer_direct'
+    # region 31: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081:
+        return 'flashinfer_direct'
+    # region 32: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298:
+        return 'flashinfer_direct'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 35: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:  # region 34
+    if total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 568:  # region 15
+        return True
+    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:  # region 33
+        return True
+    if total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 421:  # region 37
         return True
     return False
