@@ -334,8 +334,8 @@ def pool_prefill_grid(ranges: dict, measured: dict) -> list[dict]:
 # measured in one sequence between 2,048 tokens (1,024 in the pool and gathered sets) and 32,768, and the
 # eager router of vLLM's prefill at 8 value heads sent held-out 1 x 27,431 to `flashinfer_direct`, 1.8x
 # the baseline's time, whose FlashInfer call splits a long sequence (1,289 against 700 us; H200,
-# 2026-11-30). Last in each prefill set's grids: a grid shape's index picks a one-sequence shape's mix,
-# so shapes inserted before others would renew their uuids.
+# 2026-11-30). After each prefill set's earlier grids: a grid shape's index picks a one-sequence shape's
+# mix, so shapes inserted before others would renew their uuids (later grids go after these).
 LONG_PROMPT_GRIDS = ({"num_seqs": (1,), "total_seq_len": (4096, 8192, 16384)},)
 
 
@@ -394,7 +394,14 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # fewer: held-out 24 x 8,906 at 4 value heads 132 us against 106 (H200,
                                       # 2026-11-28).
                                       {"num_seqs": (32,), "total_seq_len": (512, 1024, 2048, 8192)},
-                                      *LONG_PROMPT_GRIDS),  # last: see there
+                                      *LONG_PROMPT_GRIDS,
+                                      # 8 sequences of 16-32 tokens on average (last: see
+                                      # LONG_PROMPT_GRIDS): nothing under 512 tokens had been measured at 8,
+                                      # and the eager router of vLLM's prefill at 32 value heads sent
+                                      # held-out 11 x 274 to the rows kernel from a region fitted on
+                                      # batches of 64-128 tokens: 218.6 us against the staged path's
+                                      # 79.6 (H200, 2026-11-30)
+                                      {"num_seqs": (8,), "total_seq_len": (128, 256)}),
                           # Not in the set: one prompt of 768 / 1,536 / 2,048 / 3,072 tokens and two of
                           # 2,048 in every mix, measured on the H200 at every head count (2026-11-29; the
                           # rows stay in its store). Refit with them, the held-out scores moved both ways
