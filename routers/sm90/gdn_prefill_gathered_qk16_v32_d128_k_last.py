@@ -6,21 +6,21 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T20:57:54Z
-# workloads   135 (workload-set digest 01d55d4f5ec16238)
+# measured    up to 2026-11-30T21:37:27Z
+# workloads   141 (workload-set digest 49aafa92f9bbe224)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  118/129  0.27x  [11 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/129  0.35x  [8 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/129  0.34x  [9 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/129  0.33x  [9 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  135/135  1.07x
-#   flashinfer_direct               755eb6578bd0a1f3  135/135  1.13x
-#   triton_prefill_chunked.v64      2a710645e644b88e  130/135  0.48x  [5 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  129/135  0.56x  [6 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.67x  [4 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  135/135  1.12x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  124/135  0.27x  [11 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  127/135  0.36x  [8 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  126/135  0.34x  [9 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  126/135  0.33x  [9 screened out]
+#   cuda_prefill_staged.r64s4       a895aada64a7142b  141/141  1.07x
+#   flashinfer_direct               755eb6578bd0a1f3  141/141  1.12x
+#   triton_prefill_chunked.v64      2a710645e644b88e  136/141  0.49x  [5 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  135/141  0.57x  [6 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.68x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  141/141  1.12x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,66 +36,68 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.78% mean, 38.43% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.72% mean, 38.43% max;
 #             1.142x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.39% mean, 89.87% max;
-#             1.852x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.37% mean, 89.87% max;
+#             1.843x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 60 and num_seqs <= 3: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   2. total_seq_len <= 319 and 3 < num_seqs <= 5: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 319 and num_seqs > 5: cuda_prefill_staged.r64s4, 18 workloads, 1.32x (1.09x .. 1.49x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 60 and num_seqs <= 2: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   2. total_seq_len <= 150 and 2 < num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   3. total_seq_len <= 150 and num_seqs > 5: cuda_prefill_staged.r64s4, 14 workloads, 1.26x (1.09x .. 1.49x) over vllm_flashinfer_prefill
 #   4. 60 < total_seq_len <= 265 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. 265 < total_seq_len <= 1980 and num_seqs <= 3: flashinfer_direct, 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. 319 < total_seq_len <= 1020 and 3 < num_seqs <= 22: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   7. 319 < total_seq_len <= 1020 and num_seqs > 22: cuda_prefill_staged.r64s4, 11 workloads, 1.39x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len <= 11: cuda_prefill_staged.r64s4, 7 workloads, 1.45x (1.41x .. 1.51x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   5. 150 < total_seq_len <= 319 and 3 < num_seqs <= 11: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   6. 150 < total_seq_len <= 319 and num_seqs > 11: cuda_prefill_staged.r64s4, 7 workloads, 1.38x (1.23x .. 1.49x) over vllm_flashinfer_prefill
+#   7. 265 < total_seq_len <= 1980 and num_seqs <= 3: flashinfer_direct, 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. 319 < total_seq_len <= 1020 and 3 < num_seqs <= 22: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   9. 319 < total_seq_len <= 1020 and num_seqs > 22: cuda_prefill_staged.r64s4, 11 workloads, 1.39x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len <= 11: cuda_prefill_staged.r64s4, 7 workloads, 1.45x (1.41x .. 1.51x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   12. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 59 and num_seqs <= 11 and mean_seq_len <= 37: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.05x (3.90x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   2. total_seq_len <= 173 and num_seqs <= 11 and mean_seq_len > 37: cuda_prefill_pool_rows.k8c8, 3 workloads, 5.48x (4.36x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   1. total_seq_len <= 181 and num_seqs <= 3: cuda_prefill_pool_rows.k8c8, 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and 3 < num_seqs <= 11: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.44x (1.30x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
 #   3. total_seq_len <= 484 and num_seqs > 11 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.39x (1.87x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
 #   4. total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 16 workloads, 2.19x (1.48x .. 3.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   5. 59 < total_seq_len <= 1020 and num_seqs <= 11 and mean_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 7 workloads, 2.74x (1.62x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 173 < total_seq_len <= 1020 and num_seqs <= 11 and mean_seq_len > 37: cuda_prefill_staged.r64s4, 17 workloads, 2.77x (1.87x .. 4.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   7. 484 < total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 4 workloads, 2.07x (1.88x .. 2.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   8. 1020 < total_seq_len <= 3376 and num_seqs <= 2: cuda_prefill_staged.r64s4, 6 workloads, 3.75x (2.81x .. 4.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len <= 1064: cuda_prefill_staged.r64s4, 26 workloads, 1.87x (1.33x .. 2.72x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len > 1064: flashinfer_direct, 4 workloads, 1.44x (1.23x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len > 1020 and num_seqs > 27 and mean_seq_len <= 22: cuda_prefill_staged.r64s4, 10 workloads, 1.79x (1.48x .. 2.15x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len > 1020 and num_seqs > 27 and mean_seq_len > 22: flashinfer_direct, 22 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
-#   13. 3376 < total_seq_len <= 5792 and num_seqs <= 2: flashinfer_direct, 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   5. 181 < total_seq_len <= 1020 and num_seqs <= 11: cuda_prefill_staged.r64s4, 20 workloads, 2.53x (1.46x .. 4.86x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. 484 < total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 4 workloads, 2.07x (1.88x .. 2.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. 1020 < total_seq_len <= 3376 and num_seqs <= 2: cuda_prefill_staged.r64s4, 6 workloads, 3.75x (2.81x .. 4.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len <= 1064: cuda_prefill_staged.r64s4, 26 workloads, 1.87x (1.33x .. 2.72x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len > 1064: flashinfer_direct, 4 workloads, 1.44x (1.23x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 1020 and num_seqs > 27 and mean_seq_len <= 22: cuda_prefill_staged.r64s4, 10 workloads, 1.79x (1.48x .. 2.15x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 1020 and num_seqs > 27 and mean_seq_len > 22: flashinfer_direct, 22 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
+#   12. 3376 < total_seq_len <= 5792 and num_seqs <= 2: flashinfer_direct, 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 5), 'total_seq_len': (None, 319)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (None, 319)}, 'workloads': 18, 'speedup': (1.09, 1.32, 1.49), 'fallbacks': ()},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (None, 150)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (None, 150)}, 'workloads': 14, 'speedup': (1.09, 1.26, 1.49), 'fallbacks': ()},
     {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (60, 265)}, 'workloads': 7, 'speedup': (2.48, 3.01, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (265, 1980)}, 'workloads': 7, 'speedup': (1.05, 1.68, 2.35), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 22), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.13, 1.39, 1.53), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 7, 'speedup': (1.41, 1.45, 1.51), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 55, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (150, 319)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (150, 319)}, 'workloads': 7, 'speedup': (1.23, 1.38, 1.49), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (265, 1980)}, 'workloads': 7, 'speedup': (1.05, 1.68, 2.35), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (3, 22), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (22, None), 'total_seq_len': (319, 1020)}, 'workloads': 11, 'speedup': (1.13, 1.39, 1.53), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 7, 'speedup': (1.41, 1.45, 1.51), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11, None), 'num_seqs': (3, None), 'total_seq_len': (1020, None)}, 'workloads': 55, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 37), 'num_seqs': (None, 11), 'total_seq_len': (None, 59)}, 'workloads': 5, 'speedup': (3.9, 7.05, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (37, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 173)}, 'workloads': 3, 'speedup': (4.36, 5.48, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (4.36, 6.89, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (1.3, 2.44, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (11, None), 'total_seq_len': (None, 484)}, 'workloads': 10, 'speedup': (1.87, 2.39, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (11, None), 'total_seq_len': (None, 1020)}, 'workloads': 16, 'speedup': (1.48, 2.19, 3.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 37), 'num_seqs': (None, 11), 'total_seq_len': (59, 1020)}, 'workloads': 7, 'speedup': (1.62, 2.74, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (37, None), 'num_seqs': (None, 11), 'total_seq_len': (173, 1020)}, 'workloads': 17, 'speedup': (1.87, 2.77, 4.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (11, None), 'total_seq_len': (484, 1020)}, 'workloads': 4, 'speedup': (1.88, 2.07, 2.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (1020, 3376)}, 'workloads': 6, 'speedup': (2.81, 3.75, 4.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 1064), 'num_seqs': (2, 27), 'total_seq_len': (1020, None)}, 'workloads': 26, 'speedup': (1.33, 1.87, 2.72), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1064, None), 'num_seqs': (2, 27), 'total_seq_len': (1020, None)}, 'workloads': 4, 'speedup': (1.23, 1.44, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (27, None), 'total_seq_len': (1020, None)}, 'workloads': 10, 'speedup': (1.48, 1.79, 2.15), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (27, None), 'total_seq_len': (1020, None)}, 'workloads': 22, 'speedup': (1.12, 1.37, 1.65), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3376, 5792)}, 'workloads': 2, 'speedup': (1.25, 1.7, 2.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (181, 1020)}, 'workloads': 20, 'speedup': (1.46, 2.53, 4.86), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (11, None), 'total_seq_len': (484, 1020)}, 'workloads': 4, 'speedup': (1.88, 2.07, 2.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (1020, 3376)}, 'workloads': 6, 'speedup': (2.81, 3.75, 4.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 1064), 'num_seqs': (2, 27), 'total_seq_len': (1020, None)}, 'workloads': 26, 'speedup': (1.33, 1.87, 2.72), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1064, None), 'num_seqs': (2, 27), 'total_seq_len': (1020, None)}, 'workloads': 4, 'speedup': (1.23, 1.44, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (27, None), 'total_seq_len': (1020, None)}, 'workloads': 10, 'speedup': (1.48, 1.79, 2.15), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (27, None), 'total_seq_len': (1020, None)}, 'workloads': 22, 'speedup': (1.12, 1.37, 1.65), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3376, 5792)}, 'workloads': 2, 'speedup': (1.25, 1.7, 2.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -105,33 +107,39 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 60 and num_seqs <= 3:
+    if total_seq_len <= 60 and num_seqs <= 2:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 319 and 3 < num_seqs <= 5:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 3: 18 workloads, 1.32x (1.09x .. 1.49x) over vllm_flashinfer_prefill
-    if total_seq_len <= 319 and num_seqs > 5:
+    # region 2: 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 150 and 2 < num_seqs <= 5:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 3: 14 workloads, 1.26x (1.09x .. 1.49x) over vllm_flashinfer_prefill
+    if total_seq_len <= 150 and num_seqs > 5:
         return 'cuda_prefill_staged.r64s4'
     # region 4: 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill
     if 60 < total_seq_len <= 265 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill
+    # region 5: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 150 < total_seq_len <= 319 and 3 < num_seqs <= 11:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 7 workloads, 1.38x (1.23x .. 1.49x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 319 and num_seqs > 11:
+        return 'cuda_prefill_staged.r64s4'
+    # region 7: 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill
     if 265 < total_seq_len <= 1980 and num_seqs <= 3:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 11 workloads, the baseline; its stand-ins where it cannot run here
+    # region 8: 11 workloads, the baseline; its stand-ins where it cannot run here
     if 319 < total_seq_len <= 1020 and 3 < num_seqs <= 22:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 11 workloads, 1.39x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+    # region 9: 11 workloads, 1.39x (1.13x .. 1.53x) over vllm_flashinfer_prefill
     if 319 < total_seq_len <= 1020 and num_seqs > 22:
         return 'cuda_prefill_staged.r64s4'
-    # region 8: 7 workloads, 1.45x (1.41x .. 1.51x) over vllm_flashinfer_prefill
+    # region 10: 7 workloads, 1.45x (1.41x .. 1.51x) over vllm_flashinfer_prefill
     if total_seq_len > 1020 and num_seqs > 3 and mean_seq_len <= 11:
         return 'cuda_prefill_staged.r64s4'
-    # region 9: 55 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 55 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1980 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -140,73 +148,70 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 7.05x (3.90x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 59 and num_seqs <= 11 and mean_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 5.48x (4.36x .. 6.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 173 and num_seqs <= 11 and mean_seq_len > 37:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 11 workloads, 2.44x (1.30x .. 3.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 3 < num_seqs <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 10 workloads, 2.39x (1.87x .. 2.91x) over vllm_flashinfer_prefill
     if total_seq_len <= 484 and num_seqs > 11 and mean_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 4: 16 workloads, 2.19x (1.48x .. 3.66x) over vllm_flashinfer_prefill
     if total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len > 6:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 7 workloads, 2.74x (1.62x .. 3.41x) over vllm_flashinfer_prefill
-    if 59 < total_seq_len <= 1020 and num_seqs <= 11 and mean_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 17 workloads, 2.77x (1.87x .. 4.86x) over vllm_flashinfer_prefill
-    if 173 < total_seq_len <= 1020 and num_seqs <= 11 and mean_seq_len > 37:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, 2.07x (1.88x .. 2.29x) over vllm_flashinfer_prefill
+    # region 5: 20 workloads, 2.53x (1.46x .. 4.86x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1020 and num_seqs <= 11:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 4 workloads, 2.07x (1.88x .. 2.29x) over vllm_flashinfer_prefill
     if 484 < total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len <= 6:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 6 workloads, 3.75x (2.81x .. 4.63x) over vllm_flashinfer_prefill
+    # region 7: 6 workloads, 3.75x (2.81x .. 4.63x) over vllm_flashinfer_prefill
     if 1020 < total_seq_len <= 3376 and num_seqs <= 2:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 26 workloads, 1.87x (1.33x .. 2.72x) over vllm_flashinfer_prefill
+    # region 8: 26 workloads, 1.87x (1.33x .. 2.72x) over vllm_flashinfer_prefill
     if total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len <= 1064:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 4 workloads, 1.44x (1.23x .. 1.57x) over vllm_flashinfer_prefill
+    # region 9: 4 workloads, 1.44x (1.23x .. 1.57x) over vllm_flashinfer_prefill
     if total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len > 1064:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 10 workloads, 1.79x (1.48x .. 2.15x) over vllm_flashinfer_prefill
+    # region 10: 10 workloads, 1.79x (1.48x .. 2.15x) over vllm_flashinfer_prefill
     if total_seq_len > 1020 and num_seqs > 27 and mean_seq_len <= 22:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 22 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
+    # region 11: 22 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
     if total_seq_len > 1020 and num_seqs > 27 and mean_seq_len > 22:
         return 'flashinfer_direct'
-    # region 13: 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill
     if 3376 < total_seq_len <= 5792 and num_seqs <= 2:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 2:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2520 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2614 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.75% mean, 57.55% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 1.89% mean, 57.55% max;
 #             1.183x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.53% mean, 91.50% max;
-#             1.866x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.94% mean, 50.05% max;
+#             1.870x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 5 < mean_seq_len <= 14: triton_prefill_fused.c16v32, 1 workloads, 6.37x (6.37x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len > 14 and max_seq_len <= 26: triton_prefill_fused.c16v32, 1 workloads, 4.83x (4.83x .. 4.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 41 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   4. total_seq_len <= 45 and num_seqs <= 3 and mean_seq_len > 14 and max_seq_len > 26: triton_prefill_fused.c16v32, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   5. 3 < num_seqs <= 5 and 14 < mean_seq_len <= 45 and max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. 3 < num_seqs <= 8 and 14 < mean_seq_len <= 181 and 133 < max_seq_len <= 256: flashinfer_direct, 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   7. 3 < num_seqs <= 8 and mean_seq_len > 14 and 256 < max_seq_len <= 394: flashinfer_direct, 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
-#   8. 3 < num_seqs <= 8 and mean_seq_len > 14 and max_seq_len > 394: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   9. 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   11. 3 < num_seqs <= 8 and mean_seq_len > 181 and 133 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   12. 5 < num_seqs <= 8 and 14 < mean_seq_len <= 45 and max_seq_len <= 133: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. 3 < num_seqs <= 8 and 14 < mean_seq_len <= 90 and 91 < max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   6. 3 < num_seqs <= 8 and 14 < mean_seq_len <= 181 and 133 < max_seq_len <= 256: flashinfer_direct, 3 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   7. 3 < num_seqs <= 8 and mean_seq_len > 14 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 10 workloads, 1.06x (1.05x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. 3 < num_seqs <= 8 and mean_seq_len > 14 and 83 < max_seq_len <= 91: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   9. 3 < num_seqs <= 8 and mean_seq_len > 14 and 256 < max_seq_len <= 394: flashinfer_direct, 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+#   10. 3 < num_seqs <= 8 and mean_seq_len > 14 and max_seq_len > 394: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   11. 3 < num_seqs <= 8 and mean_seq_len > 90 and 91 < max_seq_len <= 133: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   12. 3 < num_seqs <= 8 and mean_seq_len > 181 and 133 < max_seq_len <= 256: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   13. num_seqs > 8 and 14 < mean_seq_len <= 20 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 8 workloads, 1.29x (1.13x .. 1.37x) over vllm_flashinfer_prefill
 #   14. num_seqs > 8 and 14 < mean_seq_len <= 20 and 896 < max_seq_len <= 898: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   15. num_seqs > 8 and 14 < mean_seq_len <= 20 and 898 < max_seq_len <= 2314: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
@@ -227,53 +232,52 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   30. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 #   31. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 26: cuda_prefill_staged.r64s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 5 and max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and num_seqs <= 5 and max_seq_len > 13: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 58 and num_seqs > 5 and max_seq_len > 13: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. 5 < total_seq_len <= 58 and max_seq_len <= 13: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   5. 58 < total_seq_len <= 106 and num_seqs <= 11 and max_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.27x (3.14x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 58 < total_seq_len <= 106 and num_seqs <= 11 and max_seq_len > 20: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.11x (2.60x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 58 < total_seq_len <= 106 and num_seqs > 11: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.82x (2.72x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. 106 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.39x (2.35x .. 2.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   9. 106 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len > 12: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. 106 < total_seq_len <= 212 and mean_seq_len > 2 and max_seq_len <= 33: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.83x (2.58x .. 3.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 106 < total_seq_len <= 212 and mean_seq_len > 2 and max_seq_len > 33: cuda_prefill_staged.r64s4, 5 workloads, 2.84x (1.84x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 181 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 181 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len > 22: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   14. 212 < total_seq_len <= 268 and mean_seq_len > 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.09x (2.02x .. 2.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   15. 212 < total_seq_len <= 268 and mean_seq_len > 2 and max_seq_len > 22: cuda_prefill_staged.r64s4, 10 workloads, 2.77x (1.58x .. 4.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   16. 268 < total_seq_len <= 875 and num_seqs <= 153: cuda_prefill_staged.r64s4, 19 workloads, 2.27x (1.58x .. 3.69x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   17. 268 < total_seq_len <= 875 and num_seqs > 153 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.09x (2.01x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   18. 268 < total_seq_len <= 875 and num_seqs > 153 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 875 < total_seq_len <= 3054 and mean_seq_len > 1351 and max_seq_len > 978: cuda_prefill_staged.r64s4, 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 875 < total_seq_len <= 6141 and mean_seq_len <= 5 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   21. 875 < total_seq_len <= 6141 and mean_seq_len <= 1351 and max_seq_len > 978: cuda_prefill_staged.r64s4, 9 workloads, 2.24x (1.37x .. 4.60x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. 875 < total_seq_len <= 6141 and 29 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 27 workloads, 2.07x (1.40x .. 4.63x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. 875 < total_seq_len <= 6141 and 898 < max_seq_len <= 978: flashinfer_direct, 3 workloads, 1.58x (1.50x .. 1.71x) over vllm_flashinfer_prefill
-#   24. 875 < total_seq_len <= 6141 and mean_seq_len > 5 and max_seq_len <= 29: cuda_prefill_staged.r64s4, 4 workloads, 2.11x (1.83x .. 3.06x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 3054 < total_seq_len <= 6141 and mean_seq_len > 1351 and max_seq_len > 978: flashinfer_direct, 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   26. 6141 < total_seq_len <= 11585 and num_seqs <= 90 and mean_seq_len <= 5792 and max_seq_len <= 362: flashinfer_direct, 2 workloads, 1.40x (1.36x .. 1.44x) over vllm_flashinfer_prefill
-#   27. 6141 < total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len <= 5792 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.55x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   28. total_seq_len > 6141 and num_seqs <= 22 and mean_seq_len <= 5792 and 362 < max_seq_len <= 16378: flashinfer_direct, 10 workloads, 1.48x (1.23x .. 1.62x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 6141 and num_seqs <= 22 and mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
-#   30. total_seq_len > 6141 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   31. total_seq_len > 6141 and num_seqs > 22 and mean_seq_len <= 5792 and 362 < max_seq_len <= 23080: flashinfer_direct, 7 workloads, 1.30x (1.15x .. 1.54x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 6141 and num_seqs > 22 and mean_seq_len <= 5792 and max_seq_len > 23080: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 11585 and mean_seq_len <= 5792 and max_seq_len <= 362: flashinfer_direct, 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 5 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.51x (8.51x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.81x (2.72x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 1448 and 29 < mean_seq_len <= 90 and max_seq_len > 898: flashinfer_direct, 2 workloads, 1.52x (1.50x .. 1.53x) over vllm_flashinfer_prefill
+#   6. total_seq_len <= 3259 and mean_seq_len > 29 and 50 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 45 workloads, 2.43x (1.40x .. 6.24x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. total_seq_len <= 3259 and mean_seq_len > 90 and max_seq_len > 898: cuda_prefill_staged.r64s4, 8 workloads, 2.68x (1.46x .. 4.60x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. num_seqs <= 11 and 5 < mean_seq_len <= 29 and 16 < max_seq_len <= 62: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.95x (2.60x .. 8.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. num_seqs <= 11 and 5 < mean_seq_len <= 29 and max_seq_len > 62: cuda_prefill_staged.r64s4, 2 workloads, 1.58x (1.57x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
+#   10. mean_seq_len <= 2 and 16 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. num_seqs > 11 and 5 < mean_seq_len <= 29 and max_seq_len > 16: cuda_prefill_staged.r64s4, 13 workloads, 2.11x (1.54x .. 3.66x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. 5 < total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.11x (7.11x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   13. 5 < total_seq_len <= 58 and num_seqs > 2 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   14. 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.97x (2.64x .. 3.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 58 < total_seq_len <= 362 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.53x (1.98x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   16. 181 < total_seq_len <= 3259 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_staged.r64s4, 4 workloads, 1.98x (1.54x .. 2.45x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
+#   17. total_seq_len > 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16: cuda_prefill_staged.r64s4, 3 workloads, 1.83x (1.56x .. 2.08x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   18. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.06x (2.01x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. total_seq_len > 362 and 2 < mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.78x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 362 and 2 < mean_seq_len <= 29 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 1.87x (1.83x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 362 and 5 < mean_seq_len <= 29 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 3 workloads, 1.98x (1.87x .. 2.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64
+#   23. 1448 < total_seq_len <= 3259 and 29 < mean_seq_len <= 90 and max_seq_len > 898: cuda_prefill_staged.r64s4, 2 workloads, 1.62x (1.37x .. 1.92x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. 3259 < total_seq_len <= 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. 3259 < total_seq_len <= 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963: cuda_prefill_staged.r64s4, 1 workloads, 1.98x (1.98x .. 1.98x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. 3259 < total_seq_len <= 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.55x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   27. total_seq_len > 3259 and 29 < mean_seq_len <= 5792 and 2528 < max_seq_len <= 16378: flashinfer_direct, 12 workloads, 1.39x (1.15x .. 2.30x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 3259 and 29 < mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
+#   29. total_seq_len > 3259 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   30. total_seq_len > 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528: flashinfer_direct, 3 workloads, 1.59x (1.56x .. 1.62x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963: flashinfer_direct, 8 workloads, 1.36x (1.12x .. 1.54x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 14), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.37, 6.37, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (14, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (4.83, 4.83, 4.83), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (14, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 133), 'mean_seq_len': (14, 45), 'num_seqs': (3, 5)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (14, 181), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (256, 394), 'mean_seq_len': (14, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (394, None), 'mean_seq_len': (14, None), 'num_seqs': (3, 8)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.06, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 133), 'mean_seq_len': (45, None), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (181, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 133), 'mean_seq_len': (14, 45), 'num_seqs': (5, 8)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (91, 133), 'mean_seq_len': (14, 90), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.08), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (14, 181), 'num_seqs': (3, 8)}, 'workloads': 3, 'speedup': (1.03, 1.04, 1.07), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (14, None), 'num_seqs': (3, 8)}, 'workloads': 10, 'speedup': (1.05, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 91), 'mean_seq_len': (14, None), 'num_seqs': (3, 8)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (256, 394), 'mean_seq_len': (14, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.03, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (394, None), 'mean_seq_len': (14, None), 'num_seqs': (3, 8)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, 133), 'mean_seq_len': (90, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (133, 256), 'mean_seq_len': (181, None), 'num_seqs': (3, 8)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
     {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (14, 20), 'num_seqs': (8, None)}, 'workloads': 8, 'speedup': (1.13, 1.29, 1.37), 'fallbacks': ()},
     {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, 898), 'mean_seq_len': (14, 20), 'num_seqs': (8, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, 2314), 'mean_seq_len': (14, 20), 'num_seqs': (8, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
@@ -296,39 +300,38 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (9.0, 9.0, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 58)}, 'workloads': 3, 'speedup': (7.11, 7.91, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, None), 'num_seqs': (5, None), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 13), 'total_seq_len': (5, 58)}, 'workloads': 1, 'speedup': (4.11, 4.11, 4.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 20), 'num_seqs': (None, 11), 'total_seq_len': (58, 106)}, 'workloads': 2, 'speedup': (3.14, 3.27, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (20, None), 'num_seqs': (None, 11), 'total_seq_len': (58, 106)}, 'workloads': 4, 'speedup': (2.6, 4.11, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (11, None), 'total_seq_len': (58, 106)}, 'workloads': 3, 'speedup': (2.72, 2.82, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (106, 181)}, 'workloads': 2, 'speedup': (2.35, 2.39, 2.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, None), 'mean_seq_len': (None, 2), 'total_seq_len': (106, 181)}, 'workloads': 1, 'speedup': (2.28, 2.28, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 33), 'mean_seq_len': (2, None), 'total_seq_len': (106, 212)}, 'workloads': 3, 'speedup': (2.58, 2.83, 3.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, None), 'mean_seq_len': (2, None), 'total_seq_len': (106, 212)}, 'workloads': 5, 'speedup': (1.84, 2.84, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 268)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (2, None), 'total_seq_len': (212, 268)}, 'workloads': 3, 'speedup': (2.02, 2.09, 2.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (2, None), 'total_seq_len': (212, 268)}, 'workloads': 10, 'speedup': (1.58, 2.77, 4.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 153), 'total_seq_len': (268, 875)}, 'workloads': 19, 'speedup': (1.58, 2.27, 3.69), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (153, None), 'total_seq_len': (268, 875)}, 'workloads': 3, 'speedup': (2.01, 2.09, 2.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (153, None), 'total_seq_len': (268, 875)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (978, None), 'mean_seq_len': (1351, None), 'total_seq_len': (875, 3054)}, 'workloads': 1, 'speedup': (3.37, 3.37, 3.37), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 5), 'total_seq_len': (875, 6141)}, 'workloads': 2, 'speedup': (1.69, 1.73, 1.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (978, None), 'mean_seq_len': (None, 1351), 'total_seq_len': (875, 6141)}, 'workloads': 9, 'speedup': (1.37, 2.24, 4.6), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (29, 898), 'total_seq_len': (875, 6141)}, 'workloads': 27, 'speedup': (1.4, 2.07, 4.63), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 978), 'total_seq_len': (875, 6141)}, 'workloads': 3, 'speedup': (1.5, 1.58, 1.71), 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (5, None), 'total_seq_len': (875, 6141)}, 'workloads': 4, 'speedup': (1.83, 2.11, 3.06), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (978, None), 'mean_seq_len': (1351, None), 'total_seq_len': (3054, 6141)}, 'workloads': 2, 'speedup': (1.25, 1.7, 2.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 90), 'total_seq_len': (6141, 11585)}, 'workloads': 2, 'speedup': (1.36, 1.4, 1.44), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 5792), 'num_seqs': (90, None), 'total_seq_len': (6141, 11585)}, 'workloads': 2, 'speedup': (1.55, 1.57, 1.59), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (362, 16378), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 22), 'total_seq_len': (6141, None)}, 'workloads': 10, 'speedup': (1.23, 1.48, 1.62), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 22), 'total_seq_len': (6141, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'total_seq_len': (6141, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (362, 23080), 'mean_seq_len': (None, 5792), 'num_seqs': (22, None), 'total_seq_len': (6141, None)}, 'workloads': 7, 'speedup': (1.15, 1.3, 1.54), 'fallbacks': ()},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (23080, None), 'mean_seq_len': (None, 5792), 'num_seqs': (22, None), 'total_seq_len': (6141, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 5792), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.12, 1.18, 1.24), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (9.0, 9.0, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (8.51, 8.51, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (2, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.72, 2.81, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.28, 2.28, 2.28), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (29, 90), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.5, 1.52, 1.53), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (50, 898), 'mean_seq_len': (29, None), 'total_seq_len': (None, 3259)}, 'workloads': 45, 'speedup': (1.4, 2.43, 6.24), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (90, None), 'total_seq_len': (None, 3259)}, 'workloads': 8, 'speedup': (1.46, 2.68, 4.6), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 62), 'mean_seq_len': (5, 29), 'num_seqs': (None, 11)}, 'workloads': 3, 'speedup': (2.6, 3.95, 8.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (62, None), 'mean_seq_len': (5, 29), 'num_seqs': (None, 11)}, 'workloads': 2, 'speedup': (1.57, 1.58, 1.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 45), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (5, 29), 'num_seqs': (11, None)}, 'workloads': 13, 'speedup': (1.54, 2.11, 3.66), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'num_seqs': (None, 2), 'total_seq_len': (5, 58)}, 'workloads': 1, 'speedup': (7.11, 7.11, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'num_seqs': (2, None), 'total_seq_len': (5, 58)}, 'workloads': 1, 'speedup': (4.11, 4.11, 4.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (45, 181)}, 'workloads': 2, 'speedup': (2.64, 2.97, 3.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'total_seq_len': (58, 362)}, 'workloads': 11, 'speedup': (1.98, 2.53, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (181, 3259)}, 'workloads': 4, 'speedup': (1.54, 1.98, 2.45), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (2, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.56, 1.83, 2.08), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.01, 2.06, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 5), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.78, 1.95, 2.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'mean_seq_len': (2, 29), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.83, 1.87, 1.91), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, 29), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.87, 1.98, 2.19), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (29, 90), 'total_seq_len': (1448, 3259)}, 'workloads': 2, 'speedup': (1.37, 1.62, 1.92), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (963, 2528), 'mean_seq_len': (29, 5792), 'total_seq_len': (3259, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (3259, 6141)}, 'workloads': 1, 'speedup': (1.98, 1.98, 1.98), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (29, 90), 'total_seq_len': (3259, 11585)}, 'workloads': 2, 'speedup': (1.55, 1.57, 1.59), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2528, 16378), 'mean_seq_len': (29, 5792), 'total_seq_len': (3259, None)}, 'workloads': 12, 'speedup': (1.15, 1.39, 2.3), 'fallbacks': ()},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (29, 5792), 'total_seq_len': (3259, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'total_seq_len': (3259, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (963, 2528), 'mean_seq_len': (29, 5792), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.56, 1.59, 1.62), 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (6141, None)}, 'workloads': 8, 'speedup': (1.12, 1.36, 1.54), 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (29, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -349,30 +352,30 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
     if total_seq_len <= 45 and num_seqs <= 3 and mean_seq_len > 14 and max_seq_len > 26:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 5 and 14 < mean_seq_len <= 45 and max_seq_len <= 133:
+    # region 5: 3 workloads, 1.06x (1.04x .. 1.08x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and 14 < mean_seq_len <= 90 and 91 < max_seq_len <= 133:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 2 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 6: 3 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and 14 < mean_seq_len <= 181 and 133 < max_seq_len <= 256:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 7: 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
+    # region 7: 10 workloads, 1.06x (1.05x .. 1.07x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 8 and mean_seq_len > 14 and max_seq_len <= 83:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 14 and 83 < max_seq_len <= 91:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 2 workloads, 1.04x (1.03x .. 1.04x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 8 and mean_seq_len > 14 and 256 < max_seq_len <= 394:
         return 'flashinfer_direct'
-    # region 8: 18 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 18 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 14 and max_seq_len > 394:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 2 workloads, 1.06x (1.06x .. 1.07x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 8 and mean_seq_len > 45 and max_seq_len <= 83:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 3 < num_seqs <= 8 and mean_seq_len > 45 and 83 < max_seq_len <= 133:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 3 < num_seqs <= 8 and mean_seq_len > 90 and 91 < max_seq_len <= 133:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 3 < num_seqs <= 8 and mean_seq_len > 181 and 133 < max_seq_len <= 256:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 5 < num_seqs <= 8 and 14 < mean_seq_len <= 45 and max_seq_len <= 133:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 13: 8 workloads, 1.29x (1.13x .. 1.37x) over vllm_flashinfer_prefill
     if num_seqs > 8 and 14 < mean_seq_len <= 20 and max_seq_len <= 896:
         return 'cuda_prefill_staged.r64s4'
@@ -434,96 +437,96 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5 and max_seq_len <= 13:
+    if total_seq_len <= 5 and mean_seq_len <= 29 and max_seq_len <= 16:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 5 and max_seq_len > 13:
+    # region 2: 1 workloads, 8.51x (8.51x .. 8.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 58 and num_seqs > 5 and max_seq_len > 13:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill
-    if 5 < total_seq_len <= 58 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 3.27x (3.14x .. 3.41x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 106 and num_seqs <= 11 and max_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 4 workloads, 4.11x (2.60x .. 6.18x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 106 and num_seqs <= 11 and max_seq_len > 20:
+    # region 3: 2 workloads, 2.81x (2.72x .. 2.89x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 45:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 1.52x (1.50x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 29 < mean_seq_len <= 90 and max_seq_len > 898:
+        return 'flashinfer_direct'
+    # region 6: 45 workloads, 2.43x (1.40x .. 6.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3259 and mean_seq_len > 29 and 50 < max_seq_len <= 898:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 8 workloads, 2.68x (1.46x .. 4.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3259 and mean_seq_len > 90 and max_seq_len > 898:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 3 workloads, 3.95x (2.60x .. 8.19x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and 5 < mean_seq_len <= 29 and 16 < max_seq_len <= 62:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 3 workloads, 2.82x (2.72x .. 2.89x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 106 and num_seqs > 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 2 workloads, 2.39x (2.35x .. 2.43x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len > 12:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 3 workloads, 2.83x (2.58x .. 3.33x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 212 and mean_seq_len > 2 and max_seq_len <= 33:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 5 workloads, 2.84x (1.84x .. 3.66x) over vllm_flashinfer_prefill
-    if 106 < total_seq_len <= 212 and mean_seq_len > 2 and max_seq_len > 33:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 268 and mean_seq_len <= 2 and max_seq_len > 22:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 3 workloads, 2.09x (2.02x .. 2.21x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 268 and mean_seq_len > 2 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 10 workloads, 2.77x (1.58x .. 4.86x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 268 and mean_seq_len > 2 and max_seq_len > 22:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 19 workloads, 2.27x (1.58x .. 3.69x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 875 and num_seqs <= 153:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 3 workloads, 2.09x (2.01x .. 2.15x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 875 and num_seqs > 153 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 875 and num_seqs > 153 and max_seq_len > 45:
+    # region 9: 2 workloads, 1.58x (1.57x .. 1.59x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and 5 < mean_seq_len <= 29 and max_seq_len > 62:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if mean_seq_len <= 2 and 16 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 13 workloads, 2.11x (1.54x .. 3.66x) over vllm_flashinfer_prefill
+    if num_seqs > 11 and 5 < mean_seq_len <= 29 and max_seq_len > 16:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 1 workloads, 7.11x (7.11x .. 7.11x) over vllm_flashinfer_prefill
+    if 5 < total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len <= 29 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 13: 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill
+    if 5 < total_seq_len <= 58 and num_seqs > 2 and mean_seq_len <= 29 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 14: 2 workloads, 2.97x (2.64x .. 3.35x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 11 workloads, 2.53x (1.98x .. 3.41x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 362 and mean_seq_len <= 29 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 4 workloads, 1.98x (1.54x .. 2.45x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3259 and mean_seq_len > 29 and max_seq_len <= 50:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 3 workloads, 1.83x (1.56x .. 2.08x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 2 workloads, 2.06x (2.01x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 45:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 3054 and mean_seq_len > 1351 and max_seq_len > 978:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 2 workloads, 1.73x (1.69x .. 1.78x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 6141 and mean_seq_len <= 5 and max_seq_len <= 29:
+    # region 20: 2 workloads, 1.95x (1.78x .. 2.15x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 2 < mean_seq_len <= 5 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 9 workloads, 2.24x (1.37x .. 4.60x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 6141 and mean_seq_len <= 1351 and max_seq_len > 978:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 27 workloads, 2.07x (1.40x .. 4.63x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 6141 and 29 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, 1.58x (1.50x .. 1.71x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 6141 and 898 < max_seq_len <= 978:
-        return 'flashinfer_direct'
-    # region 24: 4 workloads, 2.11x (1.83x .. 3.06x) over vllm_flashinfer_prefill
-    if 875 < total_seq_len <= 6141 and mean_seq_len > 5 and max_seq_len <= 29:
+    # region 21: 2 workloads, 1.87x (1.83x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 2 < mean_seq_len <= 29 and 11 < max_seq_len <= 16:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill
-    if 3054 < total_seq_len <= 6141 and mean_seq_len > 1351 and max_seq_len > 978:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 26: 2 workloads, 1.40x (1.36x .. 1.44x) over vllm_flashinfer_prefill
-    if 6141 < total_seq_len <= 11585 and num_seqs <= 90 and mean_seq_len <= 5792 and max_seq_len <= 362:
-        return 'flashinfer_direct'
-    # region 27: 2 workloads, 1.57x (1.55x .. 1.59x) over vllm_flashinfer_prefill
-    if 6141 < total_seq_len <= 11585 and num_seqs > 90 and mean_seq_len <= 5792 and max_seq_len <= 362:
+    # region 22: 3 workloads, 1.98x (1.87x .. 2.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 5 < mean_seq_len <= 29 and max_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 1.62x (1.37x .. 1.92x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 3259 and 29 < mean_seq_len <= 90 and max_seq_len > 898:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 10 workloads, 1.48x (1.23x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 6141 and num_seqs <= 22 and mean_seq_len <= 5792 and 362 < max_seq_len <= 16378:
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if 3259 < total_seq_len <= 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 1 workloads, 1.98x (1.98x .. 1.98x) over vllm_flashinfer_prefill
+    if 3259 < total_seq_len <= 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 2 workloads, 1.57x (1.55x .. 1.59x) over vllm_flashinfer_prefill
+    if 3259 < total_seq_len <= 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 12 workloads, 1.39x (1.15x .. 2.30x) over vllm_flashinfer_prefill
+    if total_seq_len > 3259 and 29 < mean_seq_len <= 5792 and 2528 < max_seq_len <= 16378:
         return 'flashinfer_direct'
-    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6141 and mean_seq_len > 5792:
+    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3259 and mean_seq_len > 5792:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 7 workloads, 1.30x (1.15x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 6141 and num_seqs > 22 and mean_seq_len <= 5792 and 362 < max_seq_len <= 23080:
+    # region 30: 3 workloads, 1.59x (1.56x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528:
         return 'flashinfer_direct'
-    # region 33: 2 workloads, 1.18x (1.12x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 11585 and mean_seq_len <= 5792 and max_seq_len <= 362:
+    # region 31: 8 workloads, 1.36x (1.12x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963:
         return 'flashinfer_direct'
+    # region 32: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'

@@ -6,22 +6,22 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T20:59:50Z
-# workloads   135 (workload-set digest 73588bad20b5c853)
+# measured    up to 2026-11-30T21:37:34Z
+# workloads   141 (workload-set digest af3654f7bd8a7a70)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/128  0.46x  [8 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  120/128  0.42x  [8 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  121/128  0.46x  [7 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  122/128  0.49x  [6 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  133/135  1.29x  [2 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  133/135  1.37x  [2 screened out]
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  126/134  0.49x  [8 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  125/134  0.45x  [9 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  127/134  0.49x  [7 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  128/134  0.52x  [6 screened out]
+#   cuda_prefill_staged.r64s4       a895aada64a7142b  139/141  1.36x  [2 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  139/141  1.45x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
-#   triton_prefill_chunked.v64      2a710645e644b88e  133/135  0.75x  [2 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  131/135  0.79x  [4 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.82x  [4 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  134/135  1.35x  [1 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  138/141  0.78x  [3 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  137/141  0.84x  [4 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.88x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.42x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -37,29 +37,28 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.77% mean, 199.25% max;
-#             1.186x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.85% mean, 61.13% max;
-#             2.705x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 10.04% mean, 199.25% max;
+#             1.216x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.47% mean, 61.13% max;
+#             2.723x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 399 and 13 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.30x (1.17x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   5. total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 362: flashinfer_direct, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362: flashinfer_direct, 29 workloads, 2.64x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362: flashinfer_direct, 35 workloads, 2.91x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   7. 399 < total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   8. total_seq_len > 399 and num_seqs > 13 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 1.42x (1.21x .. 1.47x) over vllm_flashinfer_prefill
 #   9. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 19 workloads
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 58 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.33x (6.99x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 295 and num_seqs > 2 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 295 and num_seqs > 2 and mean_seq_len > 2: cuda_prefill_pool_rows.k8c8, 24 workloads, 4.18x (1.47x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   4. 58 < total_seq_len <= 295 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len > 295 and mean_seq_len <= 2810: cuda_prefill_staged.r64s4, 89 workloads, 2.78x (1.24x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. total_seq_len > 295 and 2810 < mean_seq_len <= 6179: flashinfer_direct, 2 workloads, 1.24x (1.18x .. 1.31x) over vllm_flashinfer_prefill
-#   7. total_seq_len > 295 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 4 workloads
+#   2. total_seq_len <= 295 and num_seqs > 2: cuda_prefill_pool_rows.k8c8, 35 workloads, 3.99x (1.47x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   3. 58 < total_seq_len <= 295 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len > 295 and mean_seq_len <= 2810: cuda_prefill_staged.r64s4, 89 workloads, 2.78x (1.24x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. total_seq_len > 295 and 2810 < mean_seq_len <= 6179: flashinfer_direct, 2 workloads, 1.24x (1.18x .. 1.31x) over vllm_flashinfer_prefill
+#   6. total_seq_len > 295 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 4 workloads
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -68,7 +67,7 @@ REGIONS = (
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
     {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.17, 1.3, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (75, None)}, 'workloads': 29, 'speedup': (1.04, 2.64, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (75, None)}, 'workloads': 35, 'speedup': (1.04, 2.91, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (399, 724)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 7, 'speedup': (1.21, 1.42, 1.47), 'fallbacks': ()},
     {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (724, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
@@ -77,12 +76,11 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 58)}, 'workloads': 4, 'speedup': (6.99, 8.33, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 295)}, 'workloads': 5, 'speedup': (2.74, 3.11, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (None, 295)}, 'workloads': 24, 'speedup': (1.47, 4.18, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 295)}, 'workloads': 7, 'speedup': (3.66, 6.39, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2810), 'total_seq_len': (295, None)}, 'workloads': 89, 'speedup': (1.24, 2.78, 7.22), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2810, 6179), 'total_seq_len': (295, None)}, 'workloads': 2, 'speedup': (1.18, 1.24, 1.31), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (295, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 295)}, 'workloads': 35, 'speedup': (1.47, 3.99, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 295)}, 'workloads': 7, 'speedup': (3.66, 6.39, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2810), 'total_seq_len': (295, None)}, 'workloads': 89, 'speedup': (1.24, 2.78, 7.22), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2810, 6179), 'total_seq_len': (295, None)}, 'workloads': 2, 'speedup': (1.18, 1.24, 1.31), 'fallbacks': ()},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (295, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -106,7 +104,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 5: 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
     if total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 362:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 29 workloads, 2.64x (1.04x .. 5.79x) over vllm_flashinfer_prefill
+    # region 6: 35 workloads, 2.91x (1.04x .. 5.79x) over vllm_flashinfer_prefill
     if total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 7: 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
@@ -127,206 +125,197 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 1: 4 workloads, 8.33x (6.99x .. 10.01x) over vllm_flashinfer_prefill
     if total_seq_len <= 58 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 295 and num_seqs > 2 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 24 workloads, 4.18x (1.47x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 295 and num_seqs > 2 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill
+    # region 2: 35 workloads, 3.99x (1.47x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 295 and num_seqs > 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill
     if 58 < total_seq_len <= 295 and num_seqs <= 2:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 89 workloads, 2.78x (1.24x .. 7.22x) over vllm_flashinfer_prefill
+    # region 4: 89 workloads, 2.78x (1.24x .. 7.22x) over vllm_flashinfer_prefill
     if total_seq_len > 295 and mean_seq_len <= 2810:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 2 workloads, 1.24x (1.18x .. 1.31x) over vllm_flashinfer_prefill
+    # region 5: 2 workloads, 1.24x (1.18x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 295 and 2810 < mean_seq_len <= 6179:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2428 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2518 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 4.07% mean, 199.25% max;
-#             1.232x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.96% mean, 62.49% max;
-#             2.809x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.49% mean, 199.25% max;
+#             1.268x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.33% mean, 62.49% max;
+#             2.829x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   3. total_seq_len <= 22 and 5 < num_seqs <= 17 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   6. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 1.19x (1.12x .. 1.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64
-#   8. total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 41: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 2 workloads, 1.21x (1.20x .. 1.22x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.05x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   15. total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 355: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   16. total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   17. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   19. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   20. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 6 workloads
-#   21. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   22. num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11: cuda_prefill_staged.r64s4, 7 workloads, 1.33x (1.17x .. 1.47x) over vllm_flashinfer_prefill
-#   23. num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 1162: cuda_prefill_staged.r64s4, 6 workloads, 1.28x (1.10x .. 1.40x) over vllm_flashinfer_prefill
-#   24. num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 1162: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. num_seqs > 39 and mean_seq_len > 36: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   26. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   28. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   29. total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   30. total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   31. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32
-#   32. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   33. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 3 workloads, 1.25x (1.16x .. 1.31x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
-#   35. 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 1081: flashinfer_direct, 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   36. 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   37. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   38. total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 206: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 206: vllm_flashinfer_prefill (baseline), 0 workloads
-#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   43. 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 0 workloads
-#   44. total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   45. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532: cuda_prefill_staged.r64s4, 3 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 532: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   48. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   49. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   50. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   51. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   52. total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   53. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   54. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and 439 < max_seq_len <= 639: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   55. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 639: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   56. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   57. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
+#   4. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   6. total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 1.19x (1.12x .. 1.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64
+#   7. total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 41: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 2 workloads, 1.21x (1.20x .. 1.22x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.05x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   14. total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 355: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   15. total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   16. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   17. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   18. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 6 workloads
+#   20. num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   21. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 28 workloads, 3.01x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: flashinfer_direct, 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   23. num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11: cuda_prefill_staged.r64s4, 7 workloads, 1.33x (1.17x .. 1.47x) over vllm_flashinfer_prefill
+#   24. num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 1162: cuda_prefill_staged.r64s4, 6 workloads, 1.28x (1.10x .. 1.40x) over vllm_flashinfer_prefill
+#   25. num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 1162: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   26. num_seqs > 39 and mean_seq_len > 36: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   27. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   29. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
+#   30. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   31. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   32. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 4 workloads, 1.92x (1.16x .. 6.98x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
+#   34. 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 1081: flashinfer_direct, 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+#   35. 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   36. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   37. total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 187: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   38. total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 187: vllm_flashinfer_prefill (baseline), 0 workloads
+#   39. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   41. 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   42. 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   44. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532: cuda_prefill_staged.r64s4, 3 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 532: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   47. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   48. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   49. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   50. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   51. total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   52. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   53. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   54. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   55. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
+#   56. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 5 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.78x (7.33x .. 8.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and 5 < num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and num_seqs > 17 and 22 < max_seq_len <= 64: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 362 and num_seqs <= 11 and 87 < max_seq_len <= 229: cuda_prefill_staged.r64s4, 8 workloads, 5.75x (3.66x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 362 and 11 < num_seqs <= 17 and 87 < max_seq_len <= 229: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.30x (2.08x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
-#   6. total_seq_len <= 724 and num_seqs > 17 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.00x (2.38x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   7. total_seq_len <= 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 4 workloads, 1.51x (1.32x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len <= 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   9. num_seqs <= 7 and 4093 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   10. num_seqs <= 7 and 4528 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.36x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. num_seqs <= 17 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. num_seqs <= 17 and 2 < max_seq_len <= 33: cuda_prefill_pool_rows.k8c8, 14 workloads, 5.45x (3.10x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   13. num_seqs <= 17 and 229 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 33 workloads, 3.94x (1.32x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. num_seqs <= 22 and 8180 < max_seq_len <= 16360: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   15. num_seqs <= 90 and max_seq_len > 16360: vllm_flashinfer_prefill (baseline), 2 workloads
-#   16. num_seqs > 17 and 64 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 23 workloads, 1.96x (1.24x .. 3.45x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   17. num_seqs > 90 and max_seq_len > 16360: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   18. num_seqs > 181 and 4093 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 90 and num_seqs <= 5 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.69x (5.53x .. 5.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. total_seq_len > 181 and 5 < num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_staged.r64s4, 3 workloads, 3.80x (2.19x .. 7.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 181 and num_seqs > 17 and 22 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 9 workloads, 2.75x (1.78x .. 4.01x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 362 and num_seqs <= 17 and 87 < max_seq_len <= 229: cuda_prefill_staged.r64s4, 7 workloads, 4.06x (2.73x .. 6.18x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.30x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 724 and num_seqs > 17 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_staged.r64s4, 2 workloads, 2.33x (2.25x .. 2.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   26. total_seq_len > 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   1. total_seq_len <= 90 and num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.88x (3.37x .. 8.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 181 and num_seqs > 17 and 22 < max_seq_len <= 64: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 724 and num_seqs > 17 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.00x (2.38x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   4. total_seq_len <= 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 4 workloads, 1.51x (1.32x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. total_seq_len <= 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   6. num_seqs <= 7 and 4093 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   7. num_seqs <= 7 and 4528 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.36x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. num_seqs <= 17 and mean_seq_len <= 22 and 87 < max_seq_len <= 226: cuda_prefill_pool_rows.k8c8, 3 workloads, 2.66x (2.08x .. 3.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   9. num_seqs <= 17 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. num_seqs <= 17 and 2 < max_seq_len <= 33: cuda_prefill_pool_rows.k8c8, 16 workloads, 5.44x (3.10x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   11. num_seqs <= 17 and 226 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 34 workloads, 3.91x (1.32x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. num_seqs <= 17 and mean_seq_len > 22 and 87 < max_seq_len <= 226: cuda_prefill_staged.r64s4, 15 workloads, 4.89x (2.73x .. 9.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. num_seqs <= 22 and 8180 < max_seq_len <= 16360: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   14. num_seqs <= 90 and max_seq_len > 16360: vllm_flashinfer_prefill (baseline), 2 workloads
+#   15. num_seqs > 17 and 64 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 23 workloads, 1.96x (1.24x .. 3.45x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   16. num_seqs > 90 and max_seq_len > 16360: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   17. num_seqs > 181 and 4093 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 90 < total_seq_len <= 362 and num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k8c8, 5 workloads, 4.77x (3.56x .. 5.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 181 and num_seqs > 17 and 22 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 9 workloads, 2.75x (1.78x .. 4.01x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   20. total_seq_len > 362 and num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_staged.r64s4, 2 workloads, 3.94x (2.19x .. 7.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.30x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 724 and num_seqs > 17 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_staged.r64s4, 2 workloads, 2.33x (2.25x .. 2.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
+#   24. total_seq_len > 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 17), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (5, 17), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 9), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.12, 1.19, 1.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.2, 1.21, 1.22), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 355), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.06, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (355, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 24, 'speedup': (1.37, 2.83, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (17, None)}, 'workloads': 7, 'speedup': (1.17, 1.33, 1.47), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1162), 'mean_seq_len': (5, 11), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.1, 1.28, 1.4), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1162, None), 'mean_seq_len': (5, 11), 'num_seqs': (17, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (36, None), 'num_seqs': (39, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (5.37, 5.39, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9), 'total_seq_len': (45, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.16, 1.25, 1.31), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (93, 724)}, 'workloads': 5, 'speedup': (1.46, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (724, 5792)}, 'workloads': 5, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (724, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 38, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 206), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (206, None), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 753), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (2896, 4333)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (2896, 4333)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 962), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 532), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (4333, None)}, 'workloads': 3, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (4333, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 639), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.12, 1.19, 1.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.2, 1.21, 1.22), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 355), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.06, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (355, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 28, 'speedup': (1.37, 3.01, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9)}, 'workloads': 1, 'speedup': (5.36, 5.36, 5.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (17, None)}, 'workloads': 7, 'speedup': (1.17, 1.33, 1.47), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1162), 'mean_seq_len': (5, 11), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.1, 1.28, 1.4), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1162, None), 'mean_seq_len': (5, 11), 'num_seqs': (17, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (36, None), 'num_seqs': (39, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 4, 'speedup': (1.16, 1.92, 6.98), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (93, 724)}, 'workloads': 5, 'speedup': (1.46, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (724, 5792)}, 'workloads': 5, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (724, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 187), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (187, None), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 753), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (2896, 4333)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (2896, 4333)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 962), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 532), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (4333, None)}, 'workloads': 3, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (4333, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 53, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (7.33, 7.78, 8.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (5, 17), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.37, 3.37, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 64), 'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (87, 229), 'num_seqs': (None, 11), 'total_seq_len': (None, 362)}, 'workloads': 8, 'speedup': (3.66, 5.75, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (87, 229), 'num_seqs': (11, 17), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.08, 2.3, 2.55), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 12, 'speedup': (2.38, 3.0, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, 181), 'total_seq_len': (None, 23170)}, 'workloads': 4, 'speedup': (1.32, 1.51, 1.74), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (22, None), 'total_seq_len': (None, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 7)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 8180), 'num_seqs': (None, 7)}, 'workloads': 4, 'speedup': (1.36, 1.64, 1.91), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 17)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 33), 'num_seqs': (None, 17)}, 'workloads': 14, 'speedup': (3.1, 5.45, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (229, 4093), 'num_seqs': (None, 17)}, 'workloads': 33, 'speedup': (1.32, 3.94, 7.22), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16360, None), 'num_seqs': (None, 90)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, 4093), 'num_seqs': (17, None)}, 'workloads': 23, 'speedup': (1.24, 1.96, 3.45), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16360, None), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.62, 1.62, 1.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (5.53, 5.69, 5.86), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (5, 17), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (2.19, 3.8, 7.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 64), 'num_seqs': (17, None), 'total_seq_len': (181, None)}, 'workloads': 9, 'speedup': (1.78, 2.75, 4.01), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (87, 229), 'num_seqs': (None, 17), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (2.73, 4.06, 6.18), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.3, 2.38, 2.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.25, 2.33, 2.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (3.37, 5.88, 8.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 64), 'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 12, 'speedup': (2.38, 3.0, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, 181), 'total_seq_len': (None, 23170)}, 'workloads': 4, 'speedup': (1.32, 1.51, 1.74), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (22, None), 'total_seq_len': (None, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 7)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 8180), 'num_seqs': (None, 7)}, 'workloads': 4, 'speedup': (1.36, 1.64, 1.91), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (87, 226), 'mean_seq_len': (None, 22), 'num_seqs': (None, 17)}, 'workloads': 3, 'speedup': (2.08, 2.66, 3.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 17)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 33), 'num_seqs': (None, 17)}, 'workloads': 16, 'speedup': (3.1, 5.44, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (226, 4093), 'num_seqs': (None, 17)}, 'workloads': 34, 'speedup': (1.32, 3.91, 7.22), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (87, 226), 'mean_seq_len': (22, None), 'num_seqs': (None, 17)}, 'workloads': 15, 'speedup': (2.73, 4.89, 9.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16360, None), 'num_seqs': (None, 90)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, 4093), 'num_seqs': (17, None)}, 'workloads': 23, 'speedup': (1.24, 1.96, 3.45), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16360, None), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.62, 1.62, 1.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 17), 'total_seq_len': (90, 362)}, 'workloads': 5, 'speedup': (3.56, 4.77, 5.86), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 64), 'num_seqs': (17, None), 'total_seq_len': (181, None)}, 'workloads': 9, 'speedup': (1.78, 2.75, 4.01), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 17), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.19, 3.94, 7.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.3, 2.38, 2.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.25, 2.33, 2.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -344,154 +333,151 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 3: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and 5 < num_seqs <= 17 and 4 < max_seq_len <= 21:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
+    # region 4: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
+    # region 5: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
     if total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 2 workloads, 1.19x (1.12x .. 1.27x) over vllm_flashinfer_prefill
+    # region 6: 2 workloads, 1.19x (1.12x .. 1.27x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 41:
         return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill
+    # region 7: 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 41:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 2 workloads, 1.21x (1.20x .. 1.22x) over vllm_flashinfer_prefill
+    # region 8: 2 workloads, 1.21x (1.20x .. 1.22x) over vllm_flashinfer_prefill
     if total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 896:
         return 'cuda_prefill_staged.r64s4'
-    # region 10: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 11: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901:
         return 'flashinfer_direct'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, 1.06x (1.05x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    # region 13: 2 workloads, 1.06x (1.05x .. 1.08x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355:
         return 'cuda_prefill_staged.r64s4'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 355:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
+    # region 15: 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
+    # region 16: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 2 and 11 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 18: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
     if num_seqs <= 2 and 41 < max_seq_len <= 1211:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 21: 24 workloads, 2.83x (1.37x .. 5.79x) over vllm_flashinfer_prefill
+    # region 20: 3 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 21 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 21: 28 workloads, 3.01x (1.37x .. 5.79x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 7 workloads, 1.33x (1.17x .. 1.47x) over vllm_flashinfer_prefill
+    # region 22: 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
+    # region 23: 7 workloads, 1.33x (1.17x .. 1.47x) over vllm_flashinfer_prefill
     if num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11:
         return 'cuda_prefill_staged.r64s4'
-    # region 23: 6 workloads, 1.28x (1.10x .. 1.40x) over vllm_flashinfer_prefill
+    # region 24: 6 workloads, 1.28x (1.10x .. 1.40x) over vllm_flashinfer_prefill
     if num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 1162:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 1162:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 5 workloads, the baseline; its stand-ins where it cannot run here
+    # region 26: 5 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 39 and mean_seq_len > 36:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    # region 27: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
     if 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
     if 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 28: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 29: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
     if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 29: 2 workloads, 5.39x (5.37x .. 5.42x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 5 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 45 and 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
-    # region 31: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 30: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 3 workloads, 1.25x (1.16x .. 1.31x) over vllm_flashinfer_prefill
+    # region 32: 4 workloads, 1.92x (1.16x .. 6.98x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill
+    # region 33: 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill
     if 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
+    # region 34: 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 1081:
         return 'flashinfer_direct'
-    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
     if 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 1081:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
+    # region 36: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 206:
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 187:
         return 'cuda_prefill_staged.r64s4'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753:
         return 'cuda_prefill_staged.r64s4'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 3 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    # region 45: 3 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532:
         return 'cuda_prefill_staged.r64s4'
-    # region 47: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 532:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
+    # region 47: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 49: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
+    # region 49: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 51: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 50: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 439:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and 439 < max_seq_len <= 639:
+    # region 53: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and 439 < max_seq_len <= 550:
         return 'flashinfer_direct'
-    # region 55: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 639:
+    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 550:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    # region 55: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
@@ -500,79 +486,73 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 7.78x (7.33x .. 8.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 5 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 3.37x (3.37x .. 3.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 5 < num_seqs <= 17 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    # region 1: 3 workloads, 5.88x (3.37x .. 8.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 17 and 33 < max_seq_len <= 87:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 181 and num_seqs > 17 and 22 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 8 workloads, 5.75x (3.66x .. 9.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 11 and 87 < max_seq_len <= 229:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 2 workloads, 2.30x (2.08x .. 2.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 11 < num_seqs <= 17 and 87 < max_seq_len <= 229:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 12 workloads, 3.00x (2.38x .. 3.66x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 12 workloads, 3.00x (2.38x .. 3.66x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs > 17 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 7: 4 workloads, 1.51x (1.32x .. 1.74x) over vllm_flashinfer_prefill
+    # region 4: 4 workloads, 1.51x (1.32x .. 1.74x) over vllm_flashinfer_prefill
     if total_seq_len <= 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 6: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 7 and 4093 < max_seq_len <= 4528:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 4 workloads, 1.64x (1.36x .. 1.91x) over vllm_flashinfer_prefill
+    # region 7: 4 workloads, 1.64x (1.36x .. 1.91x) over vllm_flashinfer_prefill
     if num_seqs <= 7 and 4528 < max_seq_len <= 8180:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
+    # region 8: 3 workloads, 2.66x (2.08x .. 3.54x) over vllm_flashinfer_prefill
+    if num_seqs <= 17 and mean_seq_len <= 22 and 87 < max_seq_len <= 226:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
     if num_seqs <= 17 and max_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 14 workloads, 5.45x (3.10x .. 8.73x) over vllm_flashinfer_prefill
+    # region 10: 16 workloads, 5.44x (3.10x .. 8.73x) over vllm_flashinfer_prefill
     if num_seqs <= 17 and 2 < max_seq_len <= 33:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 33 workloads, 3.94x (1.32x .. 7.22x) over vllm_flashinfer_prefill
-    if num_seqs <= 17 and 229 < max_seq_len <= 4093:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 34 workloads, 3.91x (1.32x .. 7.22x) over vllm_flashinfer_prefill
+    if num_seqs <= 17 and 226 < max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 12: 15 workloads, 4.89x (2.73x .. 9.02x) over vllm_flashinfer_prefill
+    if num_seqs <= 17 and mean_seq_len > 22 and 87 < max_seq_len <= 226:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 22 and 8180 < max_seq_len <= 16360:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 23 workloads, 1.96x (1.24x .. 3.45x) over vllm_flashinfer_prefill
+    # region 15: 23 workloads, 1.96x (1.24x .. 3.45x) over vllm_flashinfer_prefill
     if num_seqs > 17 and 64 < max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs > 90 and max_seq_len > 16360:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill
+    # region 17: 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill
     if num_seqs > 181 and 4093 < max_seq_len <= 8180:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 2 workloads, 5.69x (5.53x .. 5.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 5 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 3 workloads, 3.80x (2.19x .. 7.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 5 < num_seqs <= 17 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 9 workloads, 2.75x (1.78x .. 4.01x) over vllm_flashinfer_prefill
+    # region 18: 5 workloads, 4.77x (3.56x .. 5.86x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and num_seqs <= 17 and 33 < max_seq_len <= 87:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 19: 9 workloads, 2.75x (1.78x .. 4.01x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs > 17 and 22 < max_seq_len <= 64:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 7 workloads, 4.06x (2.73x .. 6.18x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 17 and 87 < max_seq_len <= 229:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 2.38x (2.30x .. 2.47x) over vllm_flashinfer_prefill
+    # region 20: 2 workloads, 3.94x (2.19x .. 7.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 17 and 33 < max_seq_len <= 87:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 2 workloads, 2.38x (2.30x .. 2.47x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 22:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 2 workloads, 2.33x (2.25x .. 2.43x) over vllm_flashinfer_prefill
+    # region 22: 2 workloads, 2.33x (2.25x .. 2.43x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs > 17 and mean_seq_len > 5 and max_seq_len <= 22:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180:
         return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -580,18 +560,18 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355:  # region 14
+    if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355:  # region 13
         return True
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 40
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 39
         return True
-    if 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753:  # region 42
+    if 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753:  # region 41
         return True
-    if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532:  # region 46
+    if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532:  # region 45
         return True
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 48
+    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 47
         return True
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 50
+    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 49
         return True
-    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 56
+    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 55
         return True
     return False

@@ -6,21 +6,21 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T21:01:01Z
-# workloads   135 (workload-set digest b698482d305aea2d)
+# measured    up to 2026-11-30T21:37:38Z
+# workloads   141 (workload-set digest 06063359a8d29c83)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  135/135  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  120/128  0.39x  [8 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  121/128  0.43x  [7 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  120/128  0.43x  [8 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  120/128  0.45x  [8 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  133/135  1.29x  [2 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  134/135  1.33x  [1 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  131/135  0.66x  [4 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  131/135  0.72x  [4 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  131/135  0.80x  [4 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  135/135  1.31x
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
+#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  126/134  0.39x  [8 screened out]
+#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  126/134  0.43x  [8 screened out]
+#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  126/134  0.43x  [8 screened out]
+#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  126/134  0.44x  [8 screened out]
+#   cuda_prefill_staged.r64s4       a895aada64a7142b  139/141  1.27x  [2 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  140/141  1.31x  [1 screened out]
+#   triton_prefill_chunked.v64      2a710645e644b88e  135/141  0.66x  [6 screened out]
+#   triton_prefill_fused.c16v32     49496897c400beaa  137/141  0.72x  [4 screened out]
+#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.80x  [4 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  141/141  1.30x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
@@ -36,62 +36,64 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.01% mean, 71.68% max;
-#             1.185x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.76% mean, 62.39% max;
-#             2.365x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.90% mean, 95.30% max;
+#             1.192x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.62% mean, 103.83% max;
+#             2.340x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
-#   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   5. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462: flashinfer_direct, 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   7. 168 < total_seq_len <= 397 and num_seqs > 7: cuda_prefill_staged.r64s4, 8 workloads, 1.29x (1.04x .. 1.52x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len <= 22: cuda_prefill_staged.r64s4, 9 workloads, 1.24x (1.05x .. 1.36x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len > 22: vllm_flashinfer_prefill (baseline), 42 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   10. total_seq_len > 397 and num_seqs > 85 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 9 workloads, 1.44x (1.25x .. 1.51x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 397 and num_seqs > 85 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   12. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 168 and num_seqs > 7 and 3 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 7 < num_seqs <= 21 and 8 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 19 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   5. 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   6. num_seqs > 21 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   7. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   8. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462: flashinfer_direct, 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   10. total_seq_len > 168 and num_seqs > 7 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 17 workloads, 1.42x (1.25x .. 1.52x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   2. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 245 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   4. 90 < total_seq_len <= 5404 and num_seqs <= 17: cuda_prefill_staged.r64s4, 55 workloads, 3.85x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. 245 < total_seq_len <= 5404 and num_seqs > 17: cuda_prefill_staged.r64s4, 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. total_seq_len > 5404 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845: flashinfer_direct, 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   10. total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 84 and 8 < num_seqs <= 25: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.68x (3.19x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   2. total_seq_len <= 98 and num_seqs <= 8 and mean_seq_len > 22: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 239 and num_seqs > 25: cuda_prefill_pool_rows.k4c8, 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 10 workloads, 4.94x (1.46x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 84 < total_seq_len <= 5404 and 8 < num_seqs <= 25: cuda_prefill_staged.r64s4, 16 workloads, 2.90x (2.24x .. 4.33x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 98 < total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len > 22: cuda_prefill_staged.r64s4, 42 workloads, 4.01x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. 239 < total_seq_len <= 5404 and num_seqs > 25: cuda_prefill_staged.r64s4, 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 5404 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845: flashinfer_direct, 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.21, 1.65, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.09, 1.12, 1.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 10, 'speedup': (1.09, 1.59, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (7, None), 'total_seq_len': (168, 397)}, 'workloads': 8, 'speedup': (1.04, 1.29, 1.52), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (7, 85), 'total_seq_len': (397, None)}, 'workloads': 9, 'speedup': (1.05, 1.24, 1.36), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (7, 85), 'total_seq_len': (397, None)}, 'workloads': 42, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (85, None), 'total_seq_len': (397, None)}, 'workloads': 9, 'speedup': (1.25, 1.44, 1.51), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (397, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 8), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.09, 1.12, 1.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (8, 90), 'num_seqs': (7, 21)}, 'workloads': 19, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (21, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 10, 'speedup': (1.09, 1.59, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (7, None), 'total_seq_len': (168, None)}, 'workloads': 17, 'speedup': (1.25, 1.42, 1.52), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 24), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 11, 'speedup': (3.3, 5.63, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (24, None), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 245)}, 'workloads': 6, 'speedup': (2.45, 3.04, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (90, 5404)}, 'workloads': 55, 'speedup': (1.45, 3.85, 8.61), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (245, 5404)}, 'workloads': 33, 'speedup': (1.56, 2.33, 3.42), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 25), 'total_seq_len': (5404, None)}, 'workloads': 10, 'speedup': (1.44, 1.94, 3.12), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (25, 38), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.12, 1.31, 1.55), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (38, 238), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.31, 1.64, 2.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (238, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (8, 25), 'total_seq_len': (None, 84)}, 'workloads': 5, 'speedup': (3.19, 3.68, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 98)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (None, 239)}, 'workloads': 5, 'speedup': (2.42, 2.99, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 8), 'total_seq_len': (None, 5404)}, 'workloads': 10, 'speedup': (1.46, 4.94, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (8, 25), 'total_seq_len': (84, 5404)}, 'workloads': 16, 'speedup': (2.24, 2.9, 4.33), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 8), 'total_seq_len': (98, 5404)}, 'workloads': 42, 'speedup': (1.45, 4.01, 8.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (239, 5404)}, 'workloads': 33, 'speedup': (1.56, 2.33, 3.42), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 25), 'total_seq_len': (5404, None)}, 'workloads': 10, 'speedup': (1.44, 1.94, 3.12), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (25, 38), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.12, 1.31, 1.55), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (38, 238), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.31, 1.64, 2.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (238, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -107,33 +109,30 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 3:
+    if total_seq_len <= 168 and num_seqs > 7 and 3 < mean_seq_len <= 8:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
+    # region 4: 19 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    if 7 < num_seqs <= 21 and 8 < mean_seq_len <= 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 5: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if 7 < num_seqs <= 21 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 6: 30 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len > 8:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
     if 31 < total_seq_len <= 90 and num_seqs <= 7:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill
+    # region 8: 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill
+    # region 9: 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 8 workloads, 1.29x (1.04x .. 1.52x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 397 and num_seqs > 7:
+    # region 10: 17 workloads, 1.42x (1.25x .. 1.52x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and num_seqs > 7 and mean_seq_len <= 8:
         return 'cuda_prefill_staged.r64s4'
-    # region 8: 9 workloads, 1.24x (1.05x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len <= 22:
-        return 'cuda_prefill_staged.r64s4'
-    # region 9: 42 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and 7 < num_seqs <= 85 and mean_seq_len > 22:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 9 workloads, 1.44x (1.25x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 397 and num_seqs > 85 and mean_seq_len <= 8:
-        return 'cuda_prefill_staged.r64s4'
-    # region 11: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 397 and num_seqs > 85 and mean_seq_len > 8:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 10 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -142,201 +141,209 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 5 workloads, 3.68x (3.19x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 84 and 8 < num_seqs <= 25:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24:
+    if total_seq_len <= 98 and num_seqs <= 8 and mean_seq_len > 22:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 245 and num_seqs > 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 55 workloads, 3.85x (1.45x .. 8.61x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 5404 and num_seqs <= 17:
+    # region 3: 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 239 and num_seqs > 25:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 10 workloads, 4.94x (1.46x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 16 workloads, 2.90x (2.24x .. 4.33x) over vllm_flashinfer_prefill
+    if 84 < total_seq_len <= 5404 and 8 < num_seqs <= 25:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 42 workloads, 4.01x (1.45x .. 8.61x) over vllm_flashinfer_prefill
+    if 98 < total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len > 22:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill
-    if 245 < total_seq_len <= 5404 and num_seqs > 17:
+    # region 7: 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill
+    if 239 < total_seq_len <= 5404 and num_seqs > 25:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill
+    # region 8: 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill
     if total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5404 and mean_seq_len > 4845:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
+    # region 10: 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
     if total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845:
         return 'flashinfer_direct'
-    # region 9: 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill
+    # region 11: 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill
     if total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+    # region 12: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2396 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2522 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.80% mean, 48.34% max;
-#             1.212x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.79% mean, 33.09% max;
-#             2.448x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.73% mean, 48.34% max;
+#             1.211x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.31% mean, 33.09% max;
+#             2.434x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
-#   2. total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.81x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
+#   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
 #   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 44: triton_prefill_fused.c16v32, 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   10. total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len > 44: flashinfer_direct, 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8
-#   11. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   12. total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26: flashinfer_direct, 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26: flashinfer_direct, 7 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 568: cuda_prefill_staged.r64s4, 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   16. total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 568: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   17. 4 < num_seqs <= 10 and mean_seq_len > 26 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   18. 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   19. 4 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667: cuda_prefill_staged.r64s4, 10 workloads, 1.16x (1.04x .. 1.29x) over vllm_flashinfer_prefill
-#   20. 4 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 0 workloads
-#   21. num_seqs > 21 and mean_seq_len > 33: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   22. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 901: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   23. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   24. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   25. 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   27. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 3 workloads, 1.48x (1.41x .. 1.52x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181: flashinfer_direct, 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   30. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281: flashinfer_direct, 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655: flashinfer_direct, 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   34. total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   35. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 421: cuda_prefill_staged.r64s4, 4 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   38. total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 421: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: flashinfer_direct, 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. num_seqs <= 2 and mean_seq_len > 8 and 32 < max_seq_len <= 44: triton_prefill_fused.c16v32, 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   12. num_seqs <= 2 and mean_seq_len > 8 and 44 < max_seq_len <= 2281: flashinfer_direct, 14 workloads, 1.96x (1.09x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   14. num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 32: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   15. 2 < num_seqs <= 4 and mean_seq_len > 8 and 32 < max_seq_len <= 2655: flashinfer_direct, 17 workloads, 3.00x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+#   16. 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   17. 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   18. 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   19. 3 < num_seqs <= 4 and mean_seq_len > 8 and 26 < max_seq_len <= 32: flashinfer_direct, 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   20. 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   21. 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   22. 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   23. 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   24. 21 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667: cuda_prefill_staged.r64s4, 7 workloads, 1.20x (1.05x .. 1.29x) over vllm_flashinfer_prefill
+#   25. 21 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166: cuda_prefill_staged.r64s4, 6 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill
+#   27. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
+#   28. num_seqs > 21 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   29. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 910: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   30. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 910: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   31. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   32. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
+#   34. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   35. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+#   36. 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   37. 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   39. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   41. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 22 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 45 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 90 and max_seq_len > 32: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_chunked.v64
-#   6. total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.55x (2.69x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   8. 2 < total_seq_len <= 362 and mean_seq_len <= 1 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 22 < total_seq_len <= 90 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. 36 < total_seq_len <= 362 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   11. 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. 90 < total_seq_len <= 362 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.93x (2.87x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 90 < total_seq_len <= 3448 and max_seq_len > 16: cuda_prefill_staged.r64s4, 78 workloads, 3.36x (1.56x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. 362 < total_seq_len <= 724 and 5 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.19x (2.13x .. 2.25x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 362 < total_seq_len <= 3448 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.34x (2.17x .. 2.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
-#   16. 362 < total_seq_len <= 3448 and 8 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 2.18x (1.88x .. 2.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 724 < total_seq_len <= 3448 and 5 < max_seq_len <= 8: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 3448 < total_seq_len <= 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298: cuda_prefill_staged.r64s4, 3 workloads, 1.37x (1.31x .. 1.50x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   20. 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: cuda_prefill_staged.r64s4, 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: cuda_prefill_staged.r64s4, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189: flashinfer_direct, 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 3448 and mean_seq_len <= 90 and max_seq_len <= 298: cuda_prefill_staged.r64s4, 2 workloads, 1.44x (1.29x .. 1.61x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   27. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   28. total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   29. total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: flashinfer_direct, 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 22 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 45 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.94x (3.60x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 90 and max_seq_len > 32: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
+#   7. 22 < total_seq_len <= 78 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 36 < total_seq_len <= 78 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.32x (3.32x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 78 < total_seq_len <= 362 and num_seqs > 45 and 11 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. 78 < total_seq_len <= 724 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.79x (2.13x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   12. 78 < total_seq_len <= 3448 and num_seqs <= 45 and 11 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.99x (2.74x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 78 < total_seq_len <= 3448 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   14. 90 < total_seq_len <= 3448 and max_seq_len > 16: cuda_prefill_staged.r64s4, 83 workloads, 3.20x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   15. 362 < total_seq_len <= 3448 and num_seqs > 45 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: cuda_prefill_staged.r64s4, 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   20. 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: cuda_prefill_staged.r64s4, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 3448 < total_seq_len <= 23170 and mean_seq_len <= 821 and max_seq_len <= 298: cuda_prefill_staged.r64s4, 5 workloads, 1.40x (1.29x .. 1.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189: flashinfer_direct, 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   25. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   26. total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   27. total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: flashinfer_direct, 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 23170 and mean_seq_len <= 821 and max_seq_len <= 298: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 17)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.81, 1.95, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 44), 'mean_seq_len': (8, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (4.17, 4.9, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 3), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.21, 3.21, 3.21), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, None), 'mean_seq_len': (8, None), 'num_seqs': (3, 4), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.47, 4.55, 4.62), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (26, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ()},
-    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 7, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 568), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.08, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (568, None), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (26, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (26, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1667), 'mean_seq_len': (8, 26), 'num_seqs': (4, 138)}, 'workloads': 10, 'speedup': (1.04, 1.16, 1.29), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (8, 26), 'num_seqs': (4, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (33, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 901), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (17, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.55, 1.61, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.41, 1.48, 1.52), 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.3, 1.48), 'fallbacks': ()},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (8, 181), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (2.47, 2.74, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2281), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 9, 'speedup': (1.09, 1.6, 2.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (181, None), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2655), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 16, 'speedup': (1.16, 2.92, 4.96), 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2655, 4399), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4), 'total_seq_len': (90, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (26, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 421), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.12, 1.14, 1.16), 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (421, None), 'mean_seq_len': (26, 33), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 44), 'mean_seq_len': (8, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.17, 4.17, 4.17), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 2281), 'mean_seq_len': (8, None), 'num_seqs': (None, 2)}, 'workloads': 14, 'speedup': (1.09, 1.96, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (8, None), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (4.73, 5.3, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 2655), 'mean_seq_len': (8, None), 'num_seqs': (2, 4)}, 'workloads': 17, 'speedup': (1.16, 3.0, 4.96), 'fallbacks': ()},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2655, 4399), 'mean_seq_len': (8, None), 'num_seqs': (2, 4)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (8, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, 32), 'mean_seq_len': (8, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (4.49, 4.49, 4.49), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1016), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1016, None), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1667), 'mean_seq_len': (8, 26), 'num_seqs': (21, 138)}, 'workloads': 7, 'speedup': (1.05, 1.2, 1.29), 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 166), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.11, 1.14, 1.17), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (166, None), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 910), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (910, None), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.3, 1.48), 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (168, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ()},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ()},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (8.46, 8.46, 8.46), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (7.12, 7.12, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (32, None), 'total_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (3.24, 5.75, 7.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (9.03, 9.03, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (1, None), 'num_seqs': (5, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.69, 3.55, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 1), 'total_seq_len': (2, 362)}, 'workloads': 2, 'speedup': (3.03, 3.3, 3.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (22, 90)}, 'workloads': 3, 'speedup': (3.76, 6.58, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 362)}, 'workloads': 3, 'speedup': (3.32, 3.47, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (45, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (90, 362)}, 'workloads': 2, 'speedup': (2.87, 2.93, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (90, 3448)}, 'workloads': 78, 'speedup': (1.56, 3.36, 8.61), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (5, 8), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (2.13, 2.19, 2.25), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (362, 3448)}, 'workloads': 2, 'speedup': (2.17, 2.34, 2.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (362, 3448)}, 'workloads': 2, 'speedup': (1.88, 2.18, 2.52), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5, 8), 'total_seq_len': (724, 3448)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (90, 821), 'total_seq_len': (3448, 11585)}, 'workloads': 3, 'speedup': (1.31, 1.37, 1.5), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (3448, 11585)}, 'workloads': 4, 'speedup': (1.73, 2.38, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 12699)}, 'workloads': 3, 'speedup': (1.57, 1.77, 2.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, 22103)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8189), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.43, 1.51, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (None, 90), 'total_seq_len': (3448, None)}, 'workloads': 2, 'speedup': (1.29, 1.44, 1.61), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7660, 16372), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (None, 90), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (22, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.35), 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (90, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (90, 821), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (12699, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (7.12, 7.12, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (8.46, 8.74, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, None), 'total_seq_len': (None, 78)}, 'workloads': 3, 'speedup': (3.6, 3.94, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (32, None), 'total_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (3.24, 5.75, 7.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (22, 78)}, 'workloads': 3, 'speedup': (3.76, 6.58, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 78)}, 'workloads': 1, 'speedup': (3.32, 3.32, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (45, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (45, None), 'total_seq_len': (78, 362)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (78, 724)}, 'workloads': 4, 'speedup': (2.13, 2.79, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (None, 45), 'total_seq_len': (78, 3448)}, 'workloads': 3, 'speedup': (2.74, 2.99, 3.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (78, 3448)}, 'workloads': 5, 'speedup': (2.17, 2.74, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (90, 3448)}, 'workloads': 83, 'speedup': (1.45, 3.2, 8.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (45, None), 'total_seq_len': (362, 3448)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (724, 3448)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (3448, 11585)}, 'workloads': 4, 'speedup': (1.73, 2.38, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 12699)}, 'workloads': 3, 'speedup': (1.57, 1.77, 2.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, 22103)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 23170)}, 'workloads': 5, 'speedup': (1.29, 1.4, 1.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8189), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.43, 1.51, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7660, 16372), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (None, 90), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (22, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.35), 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (90, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (12699, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (None, 821), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -345,12 +352,12 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3:
+    # region 1: 2 workloads, 1.95x (1.81x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 17 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
     if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -359,220 +366,219 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 6: 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill
     if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, 4.90x (4.17x .. 5.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 44:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 10: 1 workloads, 3.21x (3.21x .. 3.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 3 and mean_seq_len > 8 and max_seq_len > 44:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 11: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 12: 2 workloads, 4.55x (4.47x .. 4.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 26:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
-    # region 13: 3 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896:
+    # region 9: 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 7 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26:
+    # region 10: 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 15: 2 workloads, 1.09x (1.08x .. 1.09x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 568:
-        return 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 568:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 10 and mean_seq_len > 26 and 896 < max_seq_len <= 956:
+    # region 11: 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len > 8 and 32 < max_seq_len <= 44:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 14 workloads, 1.96x (1.09x .. 3.25x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len > 8 and 44 < max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 32:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 17 workloads, 3.00x (1.16x .. 4.96x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 4 and mean_seq_len > 8 and 32 < max_seq_len <= 2655:
+        return 'flashinfer_direct'
+    # region 16: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 4 and mean_seq_len > 8 and 26 < max_seq_len <= 32:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'flashinfer_direct'
+    # region 20: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len > 956:
+    # region 21: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 19: 10 workloads, 1.16x (1.04x .. 1.29x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667:
+    # region 22: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 7 workloads, 1.20x (1.05x .. 1.29x) over vllm_flashinfer_prefill
+    if 21 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667:
         return 'cuda_prefill_staged.r64s4'
-    # region 21: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 33:
+    # region 26: 6 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166:
+        return 'cuda_prefill_staged.r64s4'
+    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 901:
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 910:
         return 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 901:
+    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 910:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
-    if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if 17 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
+    # region 32: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 26: 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 3 workloads, 1.48x (1.41x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 19:
-        return 'cuda_prefill_staged.r64s4'
-    # region 28: 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+    # region 33: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 2 < mean_seq_len <= 8:
         return 'cuda_prefill_staged.r64s4'
-    # region 29: 4 workloads, 2.74x (2.47x .. 3.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 2 and 8 < mean_seq_len <= 181:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 30: 9 workloads, 1.60x (1.09x .. 2.23x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len <= 2281:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 31: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len > 181 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 16 workloads, 2.92x (1.16x .. 4.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 2655:
-        return 'flashinfer_direct'
-    # region 33: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 26 and max_seq_len <= 896:
-        return 'flashinfer_direct'
-    # region 36: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 26:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 4 workloads, 1.14x (1.12x .. 1.16x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 421:
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 37: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 13:
         return 'cuda_prefill_staged.r64s4'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len > 421:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 19:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 39: 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 19:
+        return 'cuda_prefill_staged.r64s4'
+    # region 40: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
+        return 'flashinfer_direct'
+    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 8.46x (8.46x .. 8.46x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2 and mean_seq_len <= 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and 8 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 36 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill
     if total_seq_len <= 45 and 16 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and max_seq_len > 32:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 1 workloads, 9.03x (9.03x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 5 and mean_seq_len > 1 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 4 workloads, 3.55x (2.69x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 5 and mean_seq_len > 1 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 3.30x (3.03x .. 3.60x) over vllm_flashinfer_prefill
-    if 2 < total_seq_len <= 362 and mean_seq_len <= 1 and max_seq_len <= 4:
+    # region 5: 3 workloads, 3.94x (3.60x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 90 and 8 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 3 workloads, 3.47x (3.32x .. 3.77x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 362 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    # region 6: 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and max_seq_len > 32:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 78 and 8 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 1 workloads, 3.32x (3.32x .. 3.32x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 78 and 4 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
     if 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 12: 2 workloads, 2.93x (2.87x .. 2.99x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 362 and 8 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 78 workloads, 3.36x (1.56x .. 8.61x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 362 and num_seqs > 45 and 11 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 4 workloads, 2.79x (2.13x .. 3.77x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 724 and 4 < max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 3 workloads, 2.99x (2.74x .. 3.39x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 3448 and num_seqs <= 45 and 11 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 3448 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 83 workloads, 3.20x (1.45x .. 8.61x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 3448 and max_seq_len > 16:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 2 workloads, 2.19x (2.13x .. 2.25x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 724 and 5 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 2 workloads, 2.34x (2.17x .. 2.52x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 3448 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 2 workloads, 2.18x (1.88x .. 2.52x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 3448 and 8 < max_seq_len <= 16:
+    # region 15: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3448 and num_seqs > 45 and 11 < max_seq_len <= 16:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 3448 and 5 < max_seq_len <= 8:
+    # region 16: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
     if 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 3 workloads, 1.37x (1.31x .. 1.50x) over vllm_flashinfer_prefill
-    if 3448 < total_seq_len <= 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill
+    # region 18: 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill
     if 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill
+    # region 19: 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill
     if 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
+    # region 20: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
     if 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill
+    # region 21: 5 workloads, 1.40x (1.29x .. 1.61x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 23170 and mean_seq_len <= 821 and max_seq_len <= 298:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill
     if total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 2 workloads, 1.44x (1.29x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 3448 and mean_seq_len <= 90 and max_seq_len <= 298:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372:
         return 'flashinfer_direct'
-    # region 28: 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
+    # region 26: 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    # region 27: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
+    # region 28: 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081:
         return 'flashinfer_direct'
-    # region 31: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    # region 29: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081:
         return 'flashinfer_direct'
-    # region 32: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 11585 and 90 < mean_seq_len <= 821 and max_seq_len <= 298:
-        return 'flashinfer_direct'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
     if total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660:
+        return 'flashinfer_direct'
+    # region 33: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and mean_seq_len <= 821 and max_seq_len <= 298:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 568:  # region 15
-        return True
-    if total_seq_len > 90 and 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:  # region 33
-        return True
-    if total_seq_len > 1448 and num_seqs > 21 and 26 < mean_seq_len <= 33 and max_seq_len <= 421:  # region 37
+    if 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:  # region 16
         return True
     return False

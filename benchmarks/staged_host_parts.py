@@ -1,0 +1,114 @@
+"""Where `cuda_prefill_staged`'s eager host time goes, part by part, on the GPU machine: each part of
+the call timed alone as benchmarks/hosttime.py times a call (until it returns, the device idle
+before each), without cProfile's inflation. Parts: the whole registered call, the input checks and
+alignment (`_aligned`, strides), the first launch with its two buffers (`chunk_algebra`), those two
+buffers alone, the first launch's `launch()` alone and, within it, the specialisation key it computes
+and the compiled kernel's own `run` (Triton's launcher), and the walk's launch alone (its buffers made
+once).
+
+    python benchmarks/staged_host_parts.py [--shape total_seq_len=8,num_seqs=1,num_slots=2 ...]
+        [--definition gdn_prefill_pool_qk4_v8] [--json out.json]
+
+No FlashInfer needed (the staged variant only); after `. benchmarks/gpu_env.sh`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from hosttime import host_us  # noqa: E402
+from kdispatch import definitions, registry, workloads  # noqa: E402
+from kdispatch.kernels.cuda.gdn import prefill_walk as pw  # noqa: E402
+from kdispatch.kernels.triton import launch as tl_launch  # noqa: E402
+from kdispatch.kernels.triton.gdn import prefill_staged as ps  # noqa: E402
+from variant_host import axes_of, parse_shape  # noqa: E402
+
+VARIANT = "cuda_prefill_staged.r64s4"
+
+
+def parts(args: tuple) -> dict:
+    """name -> (callable, its arguments), the pool convention's call cut where `_walk` cuts it."""
+    q, k, v, g, beta, pool, slots, init, cu, out, scale = args  # the pool prefill's input order
+    hv, n = v.shape[1], cu.shape[0] - 1
+    scale = pw._resolve_scale(scale, pw.DIM)
+    warps, stages = pw.LAUNCH_CONFIGS[VARIANT.split(".")[1]]["cfg"]
+    mats, factors = ps.chunk_algebra(q, k, (g, beta, None, None), cu, hv, scale, raw_gates=False, norm=True)
+    kern = pw.kernel(warps, stages, True)
+    ss = pool.stride()
+
+    def checks():
+        pw._aligned(q), pw._aligned(k), pw._aligned(v)
+        s = pool.stride()
+        _ = s[-1] != 1 or (s[0] | s[1] | s[2]) & 1 or pool.data_ptr() % 8
+        _ = out.stride() != (out.shape[1] * pw.DIM, pw.DIM, 1) or out.data_ptr() % 16
+
+    # the first launch's arguments as chunk_algebra passes them (pool convention: activated gates)
+    first = (q, k, g, beta, g, g, cu, mats, factors, scale, q.shape[0], n, q.stride(0), q.stride(1), k.stride(0),
+             k.stride(1), g.stride(0), beta.stride(0), hv, q.shape[1], ps.CHUNK, ps.CHUNK.bit_length() - 1, True,
+             False, ps.CU_BLOCK, False, ps.TRI_PRECISION)
+    grid = (-(-q.shape[0] // ps.CHUNK), q.shape[1])
+    runtime, specialised = tl_launch._plan(ps._chunk_algebra_kernel)
+    device = tl_launch.driver.active.get_current_device()
+    compiled = tl_launch._COMPILED[(ps._chunk_algebra_kernel, device, ps.ALGEBRA_WARPS, 2, first[runtime:],
+                                    tl_launch._specialisation(first[:runtime], specialised))]
+    stream = tl_launch.driver.active.get_current_stream(device)
+
+    def triton_run():
+        compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     *first)
+
+    def buffers():
+        torch.empty(mats.numel(), device=q.device, dtype=mats.dtype)
+        torch.empty(factors.numel(), device=q.device, dtype=factors.dtype)
+
+    def walk_launch():
+        kern.launch(n * hv * (pw.DIM // (16 * warps)), 32 * warps, q, k, v, mats, factors, pool, slots, init, cu,
+                    out, q.shape[0], n, pool.shape[0], hv, q.shape[1], 1, q.stride(0), q.stride(1), k.stride(0),
+                    k.stride(1), v.stride(0), v.stride(1), ss[0], ss[1], ss[2],
+                    shmem=stages * pw.stage_bytes(warps), stream=pw.nvrtc.current_stream(q.get_device()))
+
+    return {"checks": (checks, ()), "two buffers": (buffers, ()),
+            "first launch (chunk_algebra)": (lambda: ps.chunk_algebra(q, k, (g, beta, None, None), cu, hv, scale,
+                                                                      raw_gates=False, norm=True), ()),
+            "  its launch()": (lambda: tl_launch.launch(ps._chunk_algebra_kernel, grid, *first,
+                                                        num_warps=ps.ALGEBRA_WARPS, num_stages=2), ()),
+            "    specialisation key": (tl_launch._specialisation, (first[:runtime], specialised)),
+            "    Triton's launcher (compiled.run)": (triton_run, ()),
+            "walk launch": (walk_launch, ())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--definition", default="gdn_prefill_pool_qk4_v8")
+    ap.add_argument("--shape", type=parse_shape, action="append")
+    ap.add_argument("--json")
+    opts = ap.parse_args()
+    full = definitions.resolve_name(opts.definition)
+    rows = []
+    for given in opts.shape or [{"total_seq_len": 8, "num_seqs": 1, "num_slots": 2}]:
+        axes = axes_of(full, given)
+        args = workloads.materialize(full, {"axes": axes, "inputs": {}, "uuid": "staged-host"}, device="cuda")
+        whole = registry.get(full, VARIANT).fn
+        row = {"axes": axes, "whole call": host_us(whole, args)}
+        row |= {name: host_us(fn, a) for name, (fn, a) in parts(args).items()}
+        rows.append(row)
+        print(f"\n== {VARIANT} {given}: host us until it returns")
+        for name, us in row.items():
+            if name != "axes":
+                print(f"   {us:7.1f}  {name}")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                               "date": datetime.date.today().isoformat(),
+                                               "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
