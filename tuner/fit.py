@@ -49,6 +49,18 @@ taken as its median over the 7 or 15 workloads nearest in log feature space, to 
 noise (2026-11-29): eager mean regrets summed H200 286 -> 268 / 255%, H100 316 -> 502 / 580%
 (the indexer 0.4 -> 21.9%, decode 11.4 -> 27.8%); not adopted.
 
+An eager choice must also hold on a faster host (`holds_on_a_faster_host`): with both rows' host parts
+(eager - graph time) at `FitParams.fast_host` = 0.3 of the tune's, the variant must still beat the
+baseline by the gain. Two benches of the same H200 routers 50 minutes apart (2026-11-30, 21:15 and
+22:05 UTC, benchmarks/results/bench-heldout-routed-H200.json) found the baselines' eager times 0.60x
+in geomean (0.35-1.15x) on the second host, graph times within 1%, and five eager calls routed to
+host-light variants with slower kernels behind the baseline there (the staged prefill at 13 x 19,554
+tokens: 212 against vLLM's path 173 us; stored 204 against 293). Scored on the H200 held-out rows as
+measured, the eager mean regrets summed over the routers rose 141.0 -> 199.2% (gathered qk2 plain
+5.1 -> 48.5%: 4 x 3,929 left to the baseline, 4.5x the staged path's time, in a region where the
+staged path fails the rule elsewhere), none slower either way; with every held-out row's host part
+at 0.4 of its measured (a faster host than the tune's), 153.9 -> 144.8% and 2 -> 0 slower.
+
 Guarded library baselines. A library baseline that makes the engine's call safe (an index guard
 launched first; registry `engine=`) is timed twice by the tuner: its row holds the engine's own
 call, what engine plugins hand the baseline's calls to, and its metrics the guarded call's
@@ -156,6 +168,17 @@ def required_gain(params: "FitParams", definition: str, variant: str) -> float:
                params.run_to_run.get((defs.resolve_name(definition), variant), 0.0))
 
 
+def holds_on_a_faster_host(r, x, b, tb, gain: float, fast_host: float, guarded: bool = False) -> bool:
+    """Does variant row r (eager time x) still beat baseline row b (eager time tb) by `gain` with both
+    calls' host parts (eager - graph time) scaled to `fast_host`? Without a graph time to split a
+    row's eager time by, yes (nothing to scale)."""
+    gv, gb = timed(r, "graph"), timed(b, "graph", guarded)
+    if gv is None or gb is None:
+        return True
+    scaled = lambda eager, graph: graph + fast_host * max(eager - graph, 0.0)  # noqa: E731
+    return scaled(x.median_us, gv.median_us) <= (1.0 - gain) * scaled(tb.median_us, gb.median_us)
+
+
 @dataclass
 class FitParams:
     max_depth: int = 4
@@ -166,6 +189,9 @@ class FitParams:
     # (definition, variant) -> extra known run-to-run variation, on top of the specs' `run_to_run`
     run_to_run: dict = field(default_factory=dict)
     folds: int = 5
+    # an eager choice must also beat the baseline with every row's host part (eager - graph time) at
+    # this fraction of what the tune's host took (`holds_on_a_faster_host`)
+    fast_host: float = 0.3
 
 
 @dataclass
@@ -452,6 +478,8 @@ class _Matrix:
                         self.ok[j, i] = paired["median"] <= 1.0 - gain and paired["p90"] < 1.0
                     else:
                         self.ok[j, i] = not b.passed or (tb is not None and beats(x, tb, gain))
+                    if mode == "eager" and self.ok[j, i] and b.passed:
+                        self.ok[j, i] = holds_on_a_faster_host(r, x, b, tb, gain, params.fast_host, guarded)
         # The baseline's cost where it has no timing: the worst measured latency there (only the
         # baseline is admissible on such a workload anyway).
         worst = np.nanmax(np.where(np.isnan(self.lat), -np.inf, self.lat), axis=0)

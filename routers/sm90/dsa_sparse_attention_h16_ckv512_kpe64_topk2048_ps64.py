@@ -43,8 +43,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.67% mean, 21.28% max;
 #             1.173x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.55% mean, 74.09% max;
-#             1.386x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.15% mean, 74.09% max;
+#             1.388x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_tokens <= 4: cuda_splitk.s64, 26 workloads, 7.51x (5.36x .. 8.52x) over flashmla_sparse; then triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s16, cuda_splitk.s8, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
 #   2. 4 < num_tokens <= 8: cuda_splitk.s16, 32 workloads, 5.00x (4.27x .. 5.51x) over flashmla_sparse; then triton_splitk.b64s16, cuda_splitk.s64, cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s2
@@ -57,8 +57,8 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_tokens <= 8: cuda_splitk.s16, 58 workloads, 4.02x (2.61x .. 7.25x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, triton_splitk.b64s16, cuda_splitk.s4, cuda_splitk.s64, triton_splitk.b64s4, cuda_splitk.s2
 #   2. 8 < num_tokens <= 18: cuda_splitk.s8, 6 workloads, 3.66x (3.10x .. 4.53x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, triton_splitk.b32s64, cuda_splitk.s2
-#   3. 18 < num_tokens <= 35: cuda_splitk.s16, 6 workloads, 2.83x (1.87x .. 3.95x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
-#   4. 35 < num_tokens <= 148: triton_splitk.b64s4, 10 workloads, 1.88x (1.37x .. 2.61x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   3. 18 < num_tokens <= 35: cuda_splitk.s16, 6 workloads, 2.83x (1.87x .. 3.95x) over flashmla_sparse; then cuda_splitk.s4, cuda_splitk.s8, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2
+#   4. 35 < num_tokens <= 148: triton_splitk.b64s4, 10 workloads, 1.88x (1.37x .. 2.61x) over flashmla_sparse
 #   5. 148 < num_tokens <= 1056: triton_splitk.b64s1, 14 workloads, 1.44x (1.13x .. 1.95x) over flashmla_sparse
 #   6. 1056 < num_tokens <= 1824: flashmla_sparse (baseline), 4 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
 #   7. num_tokens > 1824: triton_splitk.b64s1, 12 workloads, 1.09x (1.04x .. 1.13x) over flashmla_sparse
@@ -78,8 +78,8 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 8)}, 'workloads': 58, 'speedup': (2.61, 4.02, 7.25), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'cuda_splitk.s64', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
     {'region': 2, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (8, 18)}, 'workloads': 6, 'speedup': (3.1, 3.66, 4.53), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s2')},
-    {'region': 3, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (18, 35)}, 'workloads': 6, 'speedup': (1.87, 2.83, 3.95), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (35, 148)}, 'workloads': 10, 'speedup': (1.37, 1.88, 2.61), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 3, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (18, 35)}, 'workloads': 6, 'speedup': (1.87, 2.83, 3.95), 'fallbacks': ('cuda_splitk.s4', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (35, 148)}, 'workloads': 10, 'speedup': (1.37, 1.88, 2.61), 'fallbacks': ()},
     {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (148, 1056)}, 'workloads': 14, 'speedup': (1.13, 1.44, 1.95), 'fallbacks': ()},
     {'region': 6, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (1056, 1824)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
     {'region': 7, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (1824, None)}, 'workloads': 12, 'speedup': (1.04, 1.09, 1.13), 'fallbacks': ()},
@@ -127,10 +127,10 @@ def route_eager(num_tokens, num_pages):
         return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'triton_splitk.b32s64', 'cuda_splitk.s2') if inside else 'cuda_splitk.s8'
     # region 3: 6 workloads, 2.83x (1.87x .. 3.95x) over flashmla_sparse
     if 18 < num_tokens <= 35:
-        return ('cuda_splitk.s16', 'cuda_splitk.s4', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
+        return ('cuda_splitk.s16', 'cuda_splitk.s4', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
     # region 4: 10 workloads, 1.88x (1.37x .. 2.61x) over flashmla_sparse
     if 35 < num_tokens <= 148:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+        return 'triton_splitk.b64s4'
     # region 5: 14 workloads, 1.44x (1.13x .. 1.95x) over flashmla_sparse
     if 148 < num_tokens <= 1056:
         return 'triton_splitk.b64s1'

@@ -55,8 +55,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.56% mean, 14.46% max;
 #             1.012x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.38% mean, 40.01% max;
-#             1.475x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.13% mean, 41.65% max;
+#             1.367x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 6 workloads, 1.57x (1.36x .. 1.80x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
 #   2. 3 < batch_size <= 5: cuda_decode_pool_rows.r8cs, 4 workloads, 1.31x (1.18x .. 1.44x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16cs
@@ -69,7 +69,9 @@
 #   3. 4 < batch_size <= 9: cuda_decode_pool_rows.r8cs, 6 workloads, 3.50x (2.58x .. 5.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs
 #   4. 9 < batch_size <= 15: cuda_decode_pool_rows.r8, 4 workloads, 2.46x (2.10x .. 2.94x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, triton_decode_pool.v8w1cs
 #   5. 15 < batch_size <= 31: cuda_decode_pool_rows.r8cs, 4 workloads, 2.22x (1.99x .. 2.53x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r1cs, triton_decode_pool.v8w1cs
-#   6. batch_size > 31: cuda_decode_pool_rows.r8, 24 workloads, 1.48x (1.04x .. 2.98x) over sglang_packed_decode
+#   6. 31 < batch_size <= 193: cuda_decode_pool_rows.r8, 16 workloads, 1.67x (1.20x .. 2.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs
+#   7. 193 < batch_size <= 298: cuda_decode_pool_rows.r8, 4 workloads, 1.30x (1.16x .. 1.59x) over sglang_packed_decode's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   8. batch_size > 298: sglang_packed_decode (baseline), 4 workloads; where it cannot run here, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, triton_decode_pool.v32w2, triton_decode_pool.v8w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
@@ -86,7 +88,9 @@ REGIONS_EAGER = (
     {'region': 3, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (4, 9)}, 'workloads': 6, 'speedup': (2.58, 3.5, 5.25), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs')},
     {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (9, 15)}, 'workloads': 4, 'speedup': (2.1, 2.46, 2.94), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v8w1cs')},
     {'region': 5, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (15, 31)}, 'workloads': 4, 'speedup': (1.99, 2.22, 2.53), 'fallbacks': ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs')},
-    {'region': 6, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (31, None)}, 'workloads': 24, 'speedup': (1.04, 1.48, 2.98), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (31, 193)}, 'workloads': 16, 'speedup': (1.2, 1.67, 2.98), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs')},
+    {'region': 7, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (193, 298)}, 'workloads': 4, 'speedup': (1.16, 1.3, 1.59), 'fallbacks': (), 'hand_back': True},
+    {'region': 8, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (298, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -129,7 +133,19 @@ def route_eager(batch_size, num_slots):
     # region 5: 4 workloads, 2.22x (1.99x .. 2.53x) over sglang_packed_decode
     if 15 < batch_size <= 31:
         return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r1cs', 'triton_decode_pool.v8w1cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 6: 24 workloads, 1.48x (1.04x .. 2.98x) over sglang_packed_decode
-    if batch_size > 31:
+    # region 6: 16 workloads, 1.67x (1.20x .. 2.98x) over sglang_packed_decode
+    if 31 < batch_size <= 193:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 7: 4 workloads, 1.30x (1.16x .. 1.59x) over sglang_packed_decode's guarded call
+    if 193 < batch_size <= 298:
         return 'cuda_decode_pool_rows.r8'
+    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 298:
+        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs', 'triton_decode_pool.v32w1cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
+
+
+def hand_back_eager(batch_size, num_slots):
+    if 193 < batch_size <= 298:  # region 7
+        return True
+    return False

@@ -55,8 +55,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.75% mean, 8.63% max;
 #             1.030x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.82% mean, 16.87% max;
-#             2.007x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.58% mean, 24.38% max;
+#             2.003x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 12: cuda_decode_pool_rows.r4cs, 16 workloads, 1.54x (1.22x .. 1.91x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
 #   2. 12 < batch_size <= 17: triton_decode_pool.v32w1cs, 4 workloads, 1.12x (1.11x .. 1.13x) over sglang_packed_decode; then triton_decode_pool.v32w1
@@ -67,7 +67,8 @@
 #   1. batch_size <= 7: cuda_decode_pool_rows.r2, 12 workloads, 4.56x (3.11x .. 26.79x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1
 #   2. 7 < batch_size <= 11: cuda_decode_pool_rows.r4cs, 4 workloads, 3.35x (2.84x .. 3.99x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r1, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs, triton_decode_pool.v16w1cs, triton_decode_pool.v32w2, triton_decode_pool.v8w1cs
 #   3. 11 < batch_size <= 32: cuda_decode_pool_rows.r2, 8 workloads, 2.86x (2.16x .. 3.65x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w2, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs
-#   4. batch_size > 32: cuda_decode_pool_rows.r8, 22 workloads, 1.72x (1.10x .. 3.42x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r32cs
+#   4. 32 < batch_size <= 298: cuda_decode_pool_rows.r8, 18 workloads, 1.83x (1.17x .. 3.42x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs
+#   5. batch_size > 298: sglang_packed_decode (baseline), 4 workloads; where it cannot run here, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, triton_decode_pool.v32w2, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
@@ -82,7 +83,8 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 7)}, 'workloads': 12, 'speedup': (3.11, 4.56, 26.79), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1')},
     {'region': 2, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (7, 11)}, 'workloads': 4, 'speedup': (2.84, 3.35, 3.99), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs')},
     {'region': 3, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (11, 32)}, 'workloads': 8, 'speedup': (2.16, 2.86, 3.65), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, None)}, 'workloads': 22, 'speedup': (1.1, 1.72, 3.42), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, 298)}, 'workloads': 18, 'speedup': (1.17, 1.83, 3.42), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs')},
+    {'region': 5, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (298, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -119,9 +121,12 @@ def route_eager(batch_size, num_slots):
     # region 3: 8 workloads, 2.86x (2.16x .. 3.65x) over sglang_packed_decode
     if 11 < batch_size <= 32:
         return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 4: 22 workloads, 1.72x (1.10x .. 3.42x) over sglang_packed_decode
-    if batch_size > 32:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 4: 18 workloads, 1.83x (1.17x .. 3.42x) over sglang_packed_decode
+    if 32 < batch_size <= 298:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 5: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 298:
+        return ('sglang_packed_decode', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v32w2', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'
 
 

@@ -40,8 +40,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.72% mean, 10.79% max;
 #             1.064x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.63% mean, 103.37% max;
-#             1.743x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.66% mean, 103.37% max;
+#             1.725x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 24 workloads, 1.99x (1.87x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
 #   2. 2 < batch_size <= 5: cuda_decode_warp_rows.r2cs, 22 workloads, 1.72x (1.59x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
@@ -53,10 +53,12 @@
 #   2. 1 < batch_size <= 4: cuda_decode_warp_rows.r1, 22 workloads, 2.46x (1.28x .. 3.73x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1cs
 #   3. 4 < batch_size <= 6: cuda_decode_warp_rows.r2, 4 workloads, 2.85x (2.58x .. 3.21x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
 #   4. 6 < batch_size <= 11: cuda_decode_warp_rows.r2cs, 22 workloads, 2.35x (1.29x .. 3.85x) over flashinfer; then cuda_decode_warp_rows.r2
-#   5. 11 < batch_size <= 65: cuda_decode_warp_rows.r8cs, 84 workloads, 2.19x (1.23x .. 3.54x) over flashinfer; then cuda_decode_warp_rows.r1cs
-#   6. 65 < batch_size <= 546: cuda_decode_warp_rows.r2cs, 34 workloads, 1.53x (1.09x .. 2.41x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
-#   7. 546 < batch_size <= 817: cuda_decode_warp_rows.r2, 6 workloads, 1.17x (1.11x .. 1.24x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs
-#   8. batch_size > 817: cuda_decode_warp_rows.r2cs, 4 workloads, 1.15x (1.09x .. 1.22x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
+#   5. 11 < batch_size <= 16: cuda_decode_warp_rows.r8cs, 20 workloads, 2.33x (1.30x .. 2.91x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2cs
+#   6. 16 < batch_size <= 21: cuda_decode_warp_rows.r2cs, 4 workloads, 2.57x (1.93x .. 3.54x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8
+#   7. 21 < batch_size <= 65: cuda_decode_warp_rows.r8cs, 60 workloads, 2.12x (1.23x .. 3.47x) over flashinfer; then cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1
+#   8. 65 < batch_size <= 546: cuda_decode_warp_rows.r2cs, 34 workloads, 1.53x (1.09x .. 2.41x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs
+#   9. 546 < batch_size <= 817: cuda_decode_warp_rows.r2, 6 workloads, 1.17x (1.11x .. 1.24x) over flashinfer; then cuda_decode_warp_rows.r8cs
+#   10. batch_size > 817: flashinfer (baseline), 4 workloads; where it cannot run here, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
@@ -72,10 +74,12 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_decode_warp_rows.r1', 'bounds': {'batch_size': (1, 4)}, 'workloads': 22, 'speedup': (1.28, 2.46, 3.73), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs')},
     {'region': 3, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (4, 6)}, 'workloads': 4, 'speedup': (2.58, 2.85, 3.21), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
     {'region': 4, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (6, 11)}, 'workloads': 22, 'speedup': (1.29, 2.35, 3.85), 'fallbacks': ('cuda_decode_warp_rows.r2',)},
-    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 65)}, 'workloads': 84, 'speedup': (1.23, 2.19, 3.54), 'fallbacks': ('cuda_decode_warp_rows.r1cs',)},
-    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 546)}, 'workloads': 34, 'speedup': (1.09, 1.53, 2.41), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
-    {'region': 7, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (546, 817)}, 'workloads': 6, 'speedup': (1.11, 1.17, 1.24), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (817, None)}, 'workloads': 4, 'speedup': (1.09, 1.15, 1.22), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
+    {'region': 5, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (11, 16)}, 'workloads': 20, 'speedup': (1.3, 2.33, 2.91), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs')},
+    {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (16, 21)}, 'workloads': 4, 'speedup': (1.93, 2.57, 3.54), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8')},
+    {'region': 7, 'variant': 'cuda_decode_warp_rows.r8cs', 'bounds': {'batch_size': (21, 65)}, 'workloads': 60, 'speedup': (1.23, 2.12, 3.47), 'fallbacks': ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1')},
+    {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 546)}, 'workloads': 34, 'speedup': (1.09, 1.53, 2.41), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 9, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (546, 817)}, 'workloads': 6, 'speedup': (1.11, 1.17, 1.24), 'fallbacks': ('cuda_decode_warp_rows.r8cs',)},
+    {'region': 10, 'variant': 'flashinfer', 'bounds': {'batch_size': (817, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -115,16 +119,22 @@ def route_eager(batch_size):
     # region 4: 22 workloads, 2.35x (1.29x .. 3.85x) over flashinfer
     if 6 < batch_size <= 11:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 5: 84 workloads, 2.19x (1.23x .. 3.54x) over flashinfer
-    if 11 < batch_size <= 65:
-        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8cs'
-    # region 6: 34 workloads, 1.53x (1.09x .. 2.41x) over flashinfer
+    # region 5: 20 workloads, 2.33x (1.30x .. 2.91x) over flashinfer
+    if 11 < batch_size <= 16:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2cs') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 6: 4 workloads, 2.57x (1.93x .. 3.54x) over flashinfer
+    if 16 < batch_size <= 21:
+        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
+    # region 7: 60 workloads, 2.12x (1.23x .. 3.47x) over flashinfer
+    if 21 < batch_size <= 65:
+        return ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r8cs'
+    # region 8: 34 workloads, 1.53x (1.09x .. 2.41x) over flashinfer
     if 65 < batch_size <= 546:
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2cs'
-    # region 7: 6 workloads, 1.17x (1.11x .. 1.24x) over flashinfer
+    # region 9: 6 workloads, 1.17x (1.11x .. 1.24x) over flashinfer
     if 546 < batch_size <= 817:
-        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r2'
-    # region 8: 4 workloads, 1.15x (1.09x .. 1.22x) over flashinfer
+        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2'
+    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
     if batch_size > 817:
-        return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2cs'
+        return ('flashinfer', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'flashinfer'
     return 'flashinfer'

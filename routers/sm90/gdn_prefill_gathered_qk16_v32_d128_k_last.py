@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.72% mean, 38.43% max;
 #             1.142x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.37% mean, 89.87% max;
-#             1.843x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.88% mean, 83.60% max;
+#             1.826x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 60 and num_seqs <= 2: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
 #   2. total_seq_len <= 150 and 2 < num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
@@ -54,19 +54,18 @@
 #   11. total_seq_len > 1020 and num_seqs > 3 and mean_seq_len > 11: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   12. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 181 and num_seqs <= 3: cuda_prefill_pool_rows.k8c8, 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and 3 < num_seqs <= 11: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.44x (1.30x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   3. total_seq_len <= 484 and num_seqs > 11 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 10 workloads, 2.39x (1.87x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 16 workloads, 2.19x (1.48x .. 3.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   5. 181 < total_seq_len <= 1020 and num_seqs <= 11: cuda_prefill_staged.r64s4, 20 workloads, 2.53x (1.46x .. 4.86x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. 484 < total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 4 workloads, 2.07x (1.88x .. 2.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. 1020 < total_seq_len <= 3376 and num_seqs <= 2: cuda_prefill_staged.r64s4, 6 workloads, 3.75x (2.81x .. 4.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len <= 1064: cuda_prefill_staged.r64s4, 26 workloads, 1.87x (1.33x .. 2.72x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len > 1064: flashinfer_direct, 4 workloads, 1.44x (1.23x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 1020 and num_seqs > 27 and mean_seq_len <= 22: cuda_prefill_staged.r64s4, 10 workloads, 1.79x (1.48x .. 2.15x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. total_seq_len > 1020 and num_seqs > 27 and mean_seq_len > 22: flashinfer_direct, 22 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
-#   12. 3376 < total_seq_len <= 5792 and num_seqs <= 2: flashinfer_direct, 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   1. total_seq_len <= 31 and num_seqs <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 8.06x (7.11x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.77x (2.08x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   3. total_seq_len <= 212 and num_seqs > 3 and 11 < mean_seq_len <= 45: triton_prefill_fused.c16v64, 9 workloads, 1.98x (1.64x .. 2.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 7968 and 3 < num_seqs <= 31 and mean_seq_len > 45: cuda_prefill_staged.r64s4, 31 workloads, 2.11x (1.46x .. 3.18x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. total_seq_len <= 7968 and num_seqs > 31 and mean_seq_len > 45: flashinfer_direct, 4 workloads, 1.47x (1.43x .. 1.54x) over vllm_flashinfer_prefill
+#   6. 31 < total_seq_len <= 72 and num_seqs <= 3: cuda_prefill_staged.r64s4, 2 workloads, 7.38x (6.24x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. 72 < total_seq_len <= 176 and num_seqs <= 3: cuda_prefill_pool_rows.k8c8, 2 workloads, 5.19x (4.36x .. 6.18x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. 176 < total_seq_len <= 3821 and num_seqs <= 3: cuda_prefill_staged.r64s4, 13 workloads, 3.54x (2.16x .. 4.86x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 212 and num_seqs > 3 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 27 workloads, 1.90x (1.48x .. 3.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   10. total_seq_len > 212 and num_seqs > 3 and 29 < mean_seq_len <= 45: flashinfer_direct, 15 workloads, 1.50x (1.18x .. 1.75x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 3821 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   12. total_seq_len > 7968 and num_seqs > 3 and mean_seq_len > 45: flashinfer_direct, 19 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -85,19 +84,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 181)}, 'workloads': 7, 'speedup': (4.36, 6.89, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (3, 11), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (1.3, 2.44, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (11, None), 'total_seq_len': (None, 484)}, 'workloads': 10, 'speedup': (1.87, 2.39, 2.91), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (11, None), 'total_seq_len': (None, 1020)}, 'workloads': 16, 'speedup': (1.48, 2.19, 3.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (181, 1020)}, 'workloads': 20, 'speedup': (1.46, 2.53, 4.86), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (11, None), 'total_seq_len': (484, 1020)}, 'workloads': 4, 'speedup': (1.88, 2.07, 2.29), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (1020, 3376)}, 'workloads': 6, 'speedup': (2.81, 3.75, 4.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 1064), 'num_seqs': (2, 27), 'total_seq_len': (1020, None)}, 'workloads': 26, 'speedup': (1.33, 1.87, 2.72), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1064, None), 'num_seqs': (2, 27), 'total_seq_len': (1020, None)}, 'workloads': 4, 'speedup': (1.23, 1.44, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (27, None), 'total_seq_len': (1020, None)}, 'workloads': 10, 'speedup': (1.48, 1.79, 2.15), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (27, None), 'total_seq_len': (1020, None)}, 'workloads': 22, 'speedup': (1.12, 1.37, 1.65), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3376, 5792)}, 'workloads': 2, 'speedup': (1.25, 1.7, 2.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (None, 31)}, 'workloads': 3, 'speedup': (7.11, 8.06, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 11), 'num_seqs': (3, None), 'total_seq_len': (None, 212)}, 'workloads': 12, 'speedup': (2.08, 2.77, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (11, 45), 'num_seqs': (3, None), 'total_seq_len': (None, 212)}, 'workloads': 9, 'speedup': (1.64, 1.98, 2.41), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, 31), 'total_seq_len': (None, 7968)}, 'workloads': 31, 'speedup': (1.46, 2.11, 3.18), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (31, None), 'total_seq_len': (None, 7968)}, 'workloads': 4, 'speedup': (1.43, 1.47, 1.54), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (31, 72)}, 'workloads': 2, 'speedup': (6.24, 7.38, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (72, 176)}, 'workloads': 2, 'speedup': (4.36, 5.19, 6.18), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (176, 3821)}, 'workloads': 13, 'speedup': (2.16, 3.54, 4.86), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (3, None), 'total_seq_len': (212, None)}, 'workloads': 27, 'speedup': (1.48, 1.9, 3.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (29, 45), 'num_seqs': (3, None), 'total_seq_len': (212, None)}, 'workloads': 15, 'speedup': (1.18, 1.5, 1.75), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (7968, None)}, 'workloads': 19, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -148,45 +146,42 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 6.89x (4.36x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 3:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 11 workloads, 2.44x (1.30x .. 3.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 3 < num_seqs <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 10 workloads, 2.39x (1.87x .. 2.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 484 and num_seqs > 11 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 16 workloads, 2.19x (1.48x .. 3.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len > 6:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 20 workloads, 2.53x (1.46x .. 4.86x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1020 and num_seqs <= 11:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 4 workloads, 2.07x (1.88x .. 2.29x) over vllm_flashinfer_prefill
-    if 484 < total_seq_len <= 1020 and num_seqs > 11 and mean_seq_len <= 6:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 6 workloads, 3.75x (2.81x .. 4.63x) over vllm_flashinfer_prefill
-    if 1020 < total_seq_len <= 3376 and num_seqs <= 2:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 26 workloads, 1.87x (1.33x .. 2.72x) over vllm_flashinfer_prefill
-    if total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len <= 1064:
+    # region 1: 3 workloads, 8.06x (7.11x .. 9.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 31 and num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 12 workloads, 2.77x (2.08x .. 3.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 3 and mean_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 9 workloads, 1.98x (1.64x .. 2.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 3 and 11 < mean_seq_len <= 45:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 4: 31 workloads, 2.11x (1.46x .. 3.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7968 and 3 < num_seqs <= 31 and mean_seq_len > 45:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 4 workloads, 1.44x (1.23x .. 1.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 1020 and 2 < num_seqs <= 27 and mean_seq_len > 1064:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 10: 10 workloads, 1.79x (1.48x .. 2.15x) over vllm_flashinfer_prefill
-    if total_seq_len > 1020 and num_seqs > 27 and mean_seq_len <= 22:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 22 workloads, 1.37x (1.12x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 1020 and num_seqs > 27 and mean_seq_len > 22:
+    # region 5: 4 workloads, 1.47x (1.43x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 7968 and num_seqs > 31 and mean_seq_len > 45:
         return 'flashinfer_direct'
-    # region 12: 2 workloads, 1.70x (1.25x .. 2.30x) over vllm_flashinfer_prefill
-    if 3376 < total_seq_len <= 5792 and num_seqs <= 2:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and num_seqs <= 2:
+    # region 6: 2 workloads, 7.38x (6.24x .. 8.73x) over vllm_flashinfer_prefill
+    if 31 < total_seq_len <= 72 and num_seqs <= 3:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 2 workloads, 5.19x (4.36x .. 6.18x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 176 and num_seqs <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 13 workloads, 3.54x (2.16x .. 4.86x) over vllm_flashinfer_prefill
+    if 176 < total_seq_len <= 3821 and num_seqs <= 3:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 27 workloads, 1.90x (1.48x .. 3.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 212 and num_seqs > 3 and mean_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 15 workloads, 1.50x (1.18x .. 1.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 212 and num_seqs > 3 and 29 < mean_seq_len <= 45:
+        return 'flashinfer_direct'
+    # region 11: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3821 and num_seqs <= 3:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 19 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and num_seqs > 3 and mean_seq_len > 45:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -197,8 +192,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.89% mean, 57.55% max;
 #             1.183x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.94% mean, 50.05% max;
-#             1.870x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.45% mean, 50.05% max;
+#             1.866x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 5 < mean_seq_len <= 14: triton_prefill_fused.c16v32, 1 workloads, 6.37x (6.37x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 28 and num_seqs <= 3 and mean_seq_len > 14 and max_seq_len <= 26: triton_prefill_fused.c16v32, 1 workloads, 4.83x (4.83x .. 4.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -232,38 +227,39 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   30. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 26: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 #   31. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 26: cuda_prefill_staged.r64s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 5 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.51x (8.51x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.81x (2.72x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 1448 and 29 < mean_seq_len <= 90 and max_seq_len > 898: flashinfer_direct, 2 workloads, 1.52x (1.50x .. 1.53x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 3259 and mean_seq_len > 29 and 50 < max_seq_len <= 898: cuda_prefill_staged.r64s4, 45 workloads, 2.43x (1.40x .. 6.24x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. total_seq_len <= 3259 and mean_seq_len > 90 and max_seq_len > 898: cuda_prefill_staged.r64s4, 8 workloads, 2.68x (1.46x .. 4.60x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. num_seqs <= 11 and 5 < mean_seq_len <= 29 and 16 < max_seq_len <= 62: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.95x (2.60x .. 8.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. num_seqs <= 11 and 5 < mean_seq_len <= 29 and max_seq_len > 62: cuda_prefill_staged.r64s4, 2 workloads, 1.58x (1.57x .. 1.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off
-#   10. mean_seq_len <= 2 and 16 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. num_seqs > 11 and 5 < mean_seq_len <= 29 and max_seq_len > 16: cuda_prefill_staged.r64s4, 13 workloads, 2.11x (1.54x .. 3.66x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. 5 < total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.11x (7.11x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   13. 5 < total_seq_len <= 58 and num_seqs > 2 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   14. 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.97x (2.64x .. 3.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 58 < total_seq_len <= 362 and mean_seq_len <= 29 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.53x (1.98x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   16. 181 < total_seq_len <= 3259 and mean_seq_len > 29 and max_seq_len <= 50: cuda_prefill_staged.r64s4, 4 workloads, 1.98x (1.54x .. 2.45x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64
-#   17. total_seq_len > 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16: cuda_prefill_staged.r64s4, 3 workloads, 1.83x (1.56x .. 2.08x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   18. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.06x (2.01x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. total_seq_len > 362 and 2 < mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.78x .. 2.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 362 and 2 < mean_seq_len <= 29 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 1.87x (1.83x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 362 and 5 < mean_seq_len <= 29 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 3 workloads, 1.98x (1.87x .. 2.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, triton_prefill_fused.c16v64
-#   23. 1448 < total_seq_len <= 3259 and 29 < mean_seq_len <= 90 and max_seq_len > 898: cuda_prefill_staged.r64s4, 2 workloads, 1.62x (1.37x .. 1.92x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. 3259 < total_seq_len <= 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 3259 < total_seq_len <= 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963: cuda_prefill_staged.r64s4, 1 workloads, 1.98x (1.98x .. 1.98x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. 3259 < total_seq_len <= 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963: cuda_prefill_staged.r64s4, 2 workloads, 1.57x (1.55x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   27. total_seq_len > 3259 and 29 < mean_seq_len <= 5792 and 2528 < max_seq_len <= 16378: flashinfer_direct, 12 workloads, 1.39x (1.15x .. 2.30x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 3259 and 29 < mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. total_seq_len > 3259 and mean_seq_len > 5792: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   30. total_seq_len > 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528: flashinfer_direct, 3 workloads, 1.59x (1.56x .. 1.62x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963: flashinfer_direct, 8 workloads, 1.36x (1.12x .. 1.54x) over vllm_flashinfer_prefill
-#   32. total_seq_len > 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   1. total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len <= 29 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 58 and num_seqs <= 5 and mean_seq_len <= 29 and max_seq_len > 10: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.63x (7.11x .. 8.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 58 and num_seqs > 2 and mean_seq_len <= 29 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   4. total_seq_len <= 58 and num_seqs > 5 and mean_seq_len <= 29 and max_seq_len > 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 75 and num_seqs <= 3 and 29 < mean_seq_len <= 109: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.21x (6.10x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 181 and num_seqs <= 3 and 109 < mean_seq_len <= 3273: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.36x (4.36x .. 4.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 75: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.97x (2.64x .. 3.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 878 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len > 75: cuda_prefill_staged.r64s4, 14 workloads, 2.14x (1.46x .. 3.18x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. num_seqs <= 3 and mean_seq_len > 3273: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   10. 58 < total_seq_len <= 64 and mean_seq_len <= 29 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.93x (2.77x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 58 < total_seq_len <= 64 and mean_seq_len <= 29 and max_seq_len > 22: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.82x (2.64x .. 2.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 64 < total_seq_len <= 150 and 2 < mean_seq_len <= 29 and max_seq_len <= 33: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.82x (1.98x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 64 < total_seq_len <= 150 and 2 < mean_seq_len <= 29 and max_seq_len > 33: cuda_prefill_staged.r64s4, 4 workloads, 2.21x (1.57x .. 3.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 64 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.39x (2.35x .. 2.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   15. 64 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len > 12: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len > 75 and num_seqs <= 3 and 29 < mean_seq_len <= 109: cuda_prefill_staged.r64s4, 2 workloads, 3.65x (2.23x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 150 < total_seq_len <= 362 and 2 < mean_seq_len <= 29 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.20x (2.02x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 150 < total_seq_len <= 362 and 2 < mean_seq_len <= 29 and max_seq_len > 22: cuda_prefill_staged.r64s4, 3 workloads, 2.05x (1.58x .. 2.61x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 181 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 181 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 22: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
+#   21. 181 < total_seq_len <= 878 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 75: cuda_prefill_staged.r64s4, 4 workloads, 2.18x (1.54x .. 2.67x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   22. total_seq_len > 181 and num_seqs <= 3 and 109 < mean_seq_len <= 3273: cuda_prefill_staged.r64s4, 12 workloads, 3.68x (2.16x .. 4.86x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.06x (2.01x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 45: cuda_prefill_staged.r64s4, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 362 and 2 < mean_seq_len <= 29: cuda_prefill_staged.r64s4, 18 workloads, 1.91x (1.48x .. 3.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 898: cuda_prefill_staged.r64s4, 21 workloads, 1.99x (1.40x .. 2.72x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   27. 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and 898 < max_seq_len <= 1000: flashinfer_direct, 3 workloads, 1.58x (1.50x .. 1.71x) over vllm_flashinfer_prefill
+#   28. 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and 1000 < max_seq_len <= 1797: cuda_prefill_staged.r64s4, 4 workloads, 1.80x (1.46x .. 1.99x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len > 1797: flashinfer_direct, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+#   30. total_seq_len > 6141 and 3 < num_seqs <= 5 and mean_seq_len > 29 and max_seq_len <= 8190: flashinfer_direct, 3 workloads, 1.51x (1.42x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 6141 and 3 < num_seqs <= 5 and mean_seq_len > 29 and max_seq_len > 8190: vllm_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 6141 and num_seqs > 5 and mean_seq_len > 29 and max_seq_len <= 16380: flashinfer_direct, 20 workloads, 1.35x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 6141 and num_seqs > 5 and mean_seq_len > 29 and max_seq_len > 16380: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, 14), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.37, 6.37, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
@@ -300,38 +296,39 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (9.0, 9.0, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (8.51, 8.51, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (2, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.72, 2.81, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (2.28, 2.28, 2.28), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (29, 90), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.5, 1.52, 1.53), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (50, 898), 'mean_seq_len': (29, None), 'total_seq_len': (None, 3259)}, 'workloads': 45, 'speedup': (1.4, 2.43, 6.24), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (90, None), 'total_seq_len': (None, 3259)}, 'workloads': 8, 'speedup': (1.46, 2.68, 4.6), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 62), 'mean_seq_len': (5, 29), 'num_seqs': (None, 11)}, 'workloads': 3, 'speedup': (2.6, 3.95, 8.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (62, None), 'mean_seq_len': (5, 29), 'num_seqs': (None, 11)}, 'workloads': 2, 'speedup': (1.57, 1.58, 1.59), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (16, 45), 'mean_seq_len': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (5, 29), 'num_seqs': (11, None)}, 'workloads': 13, 'speedup': (1.54, 2.11, 3.66), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'num_seqs': (None, 2), 'total_seq_len': (5, 58)}, 'workloads': 1, 'speedup': (7.11, 7.11, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'num_seqs': (2, None), 'total_seq_len': (5, 58)}, 'workloads': 1, 'speedup': (4.11, 4.11, 4.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (45, 181)}, 'workloads': 2, 'speedup': (2.64, 2.97, 3.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 29), 'total_seq_len': (58, 362)}, 'workloads': 11, 'speedup': (1.98, 2.53, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 50), 'mean_seq_len': (29, None), 'total_seq_len': (181, 3259)}, 'workloads': 4, 'speedup': (1.54, 1.98, 2.45), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'mean_seq_len': (2, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (1.56, 1.83, 2.08), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.01, 2.06, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 5), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.78, 1.95, 2.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'mean_seq_len': (2, 29), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.83, 1.87, 1.91), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (5, 29), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.87, 1.98, 2.19), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (898, None), 'mean_seq_len': (29, 90), 'total_seq_len': (1448, 3259)}, 'workloads': 2, 'speedup': (1.37, 1.62, 1.92), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (963, 2528), 'mean_seq_len': (29, 5792), 'total_seq_len': (3259, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (3259, 6141)}, 'workloads': 1, 'speedup': (1.98, 1.98, 1.98), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (29, 90), 'total_seq_len': (3259, 11585)}, 'workloads': 2, 'speedup': (1.55, 1.57, 1.59), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2528, 16378), 'mean_seq_len': (29, 5792), 'total_seq_len': (3259, None)}, 'workloads': 12, 'speedup': (1.15, 1.39, 2.3), 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (29, 5792), 'total_seq_len': (3259, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5792, None), 'total_seq_len': (3259, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (963, 2528), 'mean_seq_len': (29, 5792), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.56, 1.59, 1.62), 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (6141, None)}, 'workloads': 8, 'speedup': (1.12, 1.36, 1.54), 'fallbacks': ()},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 963), 'mean_seq_len': (29, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 29), 'num_seqs': (None, 2), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (9.0, 9.0, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 29), 'num_seqs': (None, 5), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (7.11, 7.63, 8.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 29), 'num_seqs': (2, None), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.11, 4.11, 4.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (10, None), 'mean_seq_len': (None, 29), 'num_seqs': (5, None), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (29, 109), 'num_seqs': (None, 3), 'total_seq_len': (None, 75)}, 'workloads': 2, 'speedup': (6.1, 7.21, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (109, 3273), 'num_seqs': (None, 3), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.36, 4.36, 4.36), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 75), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.64, 2.97, 3.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (75, None), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (None, 878)}, 'workloads': 14, 'speedup': (1.46, 2.14, 3.18), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3273, None), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 29), 'total_seq_len': (58, 64)}, 'workloads': 3, 'speedup': (2.77, 2.93, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 29), 'total_seq_len': (58, 64)}, 'workloads': 3, 'speedup': (2.64, 2.82, 2.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 33), 'mean_seq_len': (2, 29), 'total_seq_len': (64, 150)}, 'workloads': 3, 'speedup': (1.98, 2.82, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, None), 'mean_seq_len': (2, 29), 'total_seq_len': (64, 150)}, 'workloads': 4, 'speedup': (1.57, 2.21, 3.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'mean_seq_len': (None, 2), 'total_seq_len': (64, 181)}, 'workloads': 2, 'speedup': (2.35, 2.39, 2.43), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (12, None), 'mean_seq_len': (None, 2), 'total_seq_len': (64, 181)}, 'workloads': 1, 'speedup': (2.28, 2.28, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (29, 109), 'num_seqs': (None, 3), 'total_seq_len': (75, None)}, 'workloads': 2, 'speedup': (2.23, 3.65, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (2, 29), 'total_seq_len': (150, 362)}, 'workloads': 4, 'speedup': (2.02, 2.2, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (2, 29), 'total_seq_len': (150, 362)}, 'workloads': 3, 'speedup': (1.58, 2.05, 2.61), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, None), 'mean_seq_len': (None, 2), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 75), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (181, 878)}, 'workloads': 4, 'speedup': (1.54, 2.18, 2.67), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (109, 3273), 'num_seqs': (None, 3), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (2.16, 3.68, 4.86), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.01, 2.06, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 29), 'total_seq_len': (362, None)}, 'workloads': 18, 'speedup': (1.48, 1.91, 3.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 898), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (878, 6141)}, 'workloads': 21, 'speedup': (1.4, 1.99, 2.72), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (898, 1000), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (878, 6141)}, 'workloads': 3, 'speedup': (1.5, 1.58, 1.71), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1000, 1797), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (878, 6141)}, 'workloads': 4, 'speedup': (1.46, 1.8, 1.99), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1797, None), 'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (878, 6141)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 8190), 'mean_seq_len': (29, None), 'num_seqs': (3, 5), 'total_seq_len': (6141, None)}, 'workloads': 3, 'speedup': (1.42, 1.51, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8190, None), 'mean_seq_len': (29, None), 'num_seqs': (3, 5), 'total_seq_len': (6141, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 16380), 'mean_seq_len': (29, None), 'num_seqs': (5, None), 'total_seq_len': (6141, None)}, 'workloads': 20, 'speedup': (1.12, 1.35, 1.62), 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16380, None), 'mean_seq_len': (29, None), 'num_seqs': (5, None), 'total_seq_len': (6141, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -437,96 +434,96 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5 and mean_seq_len <= 29 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 1 workloads, 8.51x (8.51x .. 8.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len > 29 and max_seq_len <= 50:
+    if total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len <= 29 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 2 workloads, 2.81x (2.72x .. 2.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 45:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 2 workloads, 1.52x (1.50x .. 1.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 29 < mean_seq_len <= 90 and max_seq_len > 898:
-        return 'flashinfer_direct'
-    # region 6: 45 workloads, 2.43x (1.40x .. 6.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3259 and mean_seq_len > 29 and 50 < max_seq_len <= 898:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 8 workloads, 2.68x (1.46x .. 4.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3259 and mean_seq_len > 90 and max_seq_len > 898:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 3 workloads, 3.95x (2.60x .. 8.19x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 5 < mean_seq_len <= 29 and 16 < max_seq_len <= 62:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 2 workloads, 1.58x (1.57x .. 1.59x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and 5 < mean_seq_len <= 29 and max_seq_len > 62:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if mean_seq_len <= 2 and 16 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 13 workloads, 2.11x (1.54x .. 3.66x) over vllm_flashinfer_prefill
-    if num_seqs > 11 and 5 < mean_seq_len <= 29 and max_seq_len > 16:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 1 workloads, 7.11x (7.11x .. 7.11x) over vllm_flashinfer_prefill
-    if 5 < total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len <= 29 and max_seq_len <= 16:
+    # region 2: 2 workloads, 7.63x (7.11x .. 8.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and num_seqs <= 5 and mean_seq_len <= 29 and max_seq_len > 10:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 13: 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill
-    if 5 < total_seq_len <= 58 and num_seqs > 2 and mean_seq_len <= 29 and max_seq_len <= 16:
+    # region 3: 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 58 and num_seqs > 2 and mean_seq_len <= 29 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 2 workloads, 2.97x (2.64x .. 3.35x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 181 and mean_seq_len > 29 and max_seq_len <= 50:
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 58 and num_seqs > 5 and mean_seq_len <= 29 and max_seq_len > 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 2 workloads, 7.21x (6.10x .. 8.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 3 and 29 < mean_seq_len <= 109:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 1 workloads, 4.36x (4.36x .. 4.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 3 and 109 < mean_seq_len <= 3273:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 2 workloads, 2.97x (2.64x .. 3.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 75:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 11 workloads, 2.53x (1.98x .. 3.41x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 362 and mean_seq_len <= 29 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 4 workloads, 1.98x (1.54x .. 2.45x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3259 and mean_seq_len > 29 and max_seq_len <= 50:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 3 workloads, 1.83x (1.56x .. 2.08x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and 2 < mean_seq_len <= 5 and max_seq_len > 16:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 2 workloads, 2.06x (2.01x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 45:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 2 workloads, 1.95x (1.78x .. 2.15x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 2 < mean_seq_len <= 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 2 workloads, 1.87x (1.83x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 2 < mean_seq_len <= 29 and 11 < max_seq_len <= 16:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 3 workloads, 1.98x (1.87x .. 2.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and 5 < mean_seq_len <= 29 and max_seq_len <= 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 1.62x (1.37x .. 1.92x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 3259 and 29 < mean_seq_len <= 90 and max_seq_len > 898:
+    # region 8: 14 workloads, 2.14x (1.46x .. 3.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 878 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len > 75:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 3259 < total_seq_len <= 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 1.98x (1.98x .. 1.98x) over vllm_flashinfer_prefill
-    if 3259 < total_seq_len <= 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 2 workloads, 1.57x (1.55x .. 1.59x) over vllm_flashinfer_prefill
-    if 3259 < total_seq_len <= 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 12 workloads, 1.39x (1.15x .. 2.30x) over vllm_flashinfer_prefill
-    if total_seq_len > 3259 and 29 < mean_seq_len <= 5792 and 2528 < max_seq_len <= 16378:
-        return 'flashinfer_direct'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3259 and mean_seq_len > 5792:
+    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 3 and mean_seq_len > 3273:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 3 workloads, 1.59x (1.56x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 29 < mean_seq_len <= 5792 and 963 < max_seq_len <= 2528:
+    # region 10: 3 workloads, 2.93x (2.77x .. 3.14x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 64 and mean_seq_len <= 29 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 3 workloads, 2.82x (2.64x .. 2.95x) over vllm_flashinfer_prefill
+    if 58 < total_seq_len <= 64 and mean_seq_len <= 29 and max_seq_len > 22:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 12: 3 workloads, 2.82x (1.98x .. 3.41x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 150 and 2 < mean_seq_len <= 29 and max_seq_len <= 33:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 4 workloads, 2.21x (1.57x .. 3.66x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 150 and 2 < mean_seq_len <= 29 and max_seq_len > 33:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 2 workloads, 2.39x (2.35x .. 2.43x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 181 and mean_seq_len <= 2 and max_seq_len > 12:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 2 workloads, 3.65x (2.23x .. 5.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 3 and 29 < mean_seq_len <= 109:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 4 workloads, 2.20x (2.02x .. 2.58x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 362 and 2 < mean_seq_len <= 29 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 3 workloads, 2.05x (1.58x .. 2.61x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 362 and 2 < mean_seq_len <= 29 and max_seq_len > 22:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 181 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 22:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 4 workloads, 2.18x (1.54x .. 2.67x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 878 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 75:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 12 workloads, 3.68x (2.16x .. 4.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 3 and 109 < mean_seq_len <= 3273:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 2.06x (2.01x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 45:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 18 workloads, 1.91x (1.48x .. 3.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 2 < mean_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 21 workloads, 1.99x (1.40x .. 2.72x) over vllm_flashinfer_prefill
+    if 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len <= 898:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 3 workloads, 1.58x (1.50x .. 1.71x) over vllm_flashinfer_prefill
+    if 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and 898 < max_seq_len <= 1000:
         return 'flashinfer_direct'
-    # region 31: 8 workloads, 1.36x (1.12x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 6141 and 90 < mean_seq_len <= 5792 and max_seq_len <= 963:
+    # region 28: 4 workloads, 1.80x (1.46x .. 1.99x) over vllm_flashinfer_prefill
+    if 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and 1000 < max_seq_len <= 1797:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
+    if 878 < total_seq_len <= 6141 and num_seqs > 3 and mean_seq_len > 29 and max_seq_len > 1797:
         return 'flashinfer_direct'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 29 < mean_seq_len <= 90 and max_seq_len <= 963:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 30: 3 workloads, 1.51x (1.42x .. 1.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 6141 and 3 < num_seqs <= 5 and mean_seq_len > 29 and max_seq_len <= 8190:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 32: 20 workloads, 1.35x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 6141 and num_seqs > 5 and mean_seq_len > 29 and max_seq_len <= 16380:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'

@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 22.39% mean, 332.35% max;
 #             1.265x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.14% mean, 261.86% max;
-#             2.768x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 20.46% mean, 584.77% max;
+#             2.518x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
@@ -52,18 +52,15 @@
 #   9. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads
 #   10. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 153 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 282 and 2 < num_seqs <= 21: cuda_prefill_pool_rows.k8c8, 28 workloads, 6.11x (2.45x .. 9.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 316 and num_seqs > 21 and mean_seq_len <= 2: cuda_prefill_pool_rows.k8c8, 6 workloads, 3.20x (2.84x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 582 and num_seqs > 21 and mean_seq_len > 2: cuda_prefill_pool_rows.k16c8, 9 workloads, 2.42x (1.17x .. 3.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 153 < total_seq_len <= 3465 and num_seqs <= 2: cuda_prefill_staged.r64s4, 12 workloads, 4.48x (2.52x .. 6.53x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. 282 < total_seq_len <= 3465 and 2 < num_seqs <= 21: cuda_prefill_staged.r64s4, 30 workloads, 4.69x (2.14x .. 8.50x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   7. 316 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   8. 582 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len > 2: cuda_prefill_staged.r64s4, 18 workloads, 2.45x (1.32x .. 3.85x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 3465 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 5 workloads
-#   10. total_seq_len > 3465 and 3 < num_seqs <= 22: cuda_prefill_staged.r64s4, 10 workloads, 2.46x (1.39x .. 6.85x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 3465 and num_seqs > 22 and mean_seq_len <= 170: cuda_prefill_staged.r64s4, 10 workloads, 1.87x (1.31x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 170: flashinfer_direct, 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 454 and num_seqs > 6 and 4 < mean_seq_len <= 167: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.49x (2.45x .. 8.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 3465 and mean_seq_len > 167: cuda_prefill_staged.r64s4, 20 workloads, 4.36x (2.52x .. 6.58x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. num_seqs <= 6 and 4 < mean_seq_len <= 87: cuda_prefill_pool_rows.k16c8, 15 workloads, 6.60x (3.54x .. 9.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. num_seqs <= 6 and 87 < mean_seq_len <= 167: cuda_prefill_staged.r64s4, 7 workloads, 5.41x (4.08x .. 6.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. num_seqs <= 254 and mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 15 workloads, 4.26x (2.10x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. num_seqs > 254 and mean_seq_len <= 4: cuda_prefill_staged.r64s4, 6 workloads, 1.88x (1.32x .. 2.45x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. total_seq_len > 454 and num_seqs > 6 and 4 < mean_seq_len <= 167: cuda_prefill_staged.r64s4, 47 workloads, 2.84x (1.31x .. 8.50x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 3465 and num_seqs <= 22 and mean_seq_len > 167: vllm_flashinfer_prefill (baseline), 15 workloads
+#   9. total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 167: flashinfer_direct, 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -80,18 +77,15 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 153)}, 'workloads': 5, 'speedup': (5.33, 7.56, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 21), 'total_seq_len': (None, 282)}, 'workloads': 28, 'speedup': (2.45, 6.11, 9.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (21, None), 'total_seq_len': (None, 316)}, 'workloads': 6, 'speedup': (2.84, 3.2, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (21, None), 'total_seq_len': (None, 582)}, 'workloads': 9, 'speedup': (1.17, 2.42, 3.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (153, 3465)}, 'workloads': 12, 'speedup': (2.52, 4.48, 6.53), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (2, 21), 'total_seq_len': (282, 3465)}, 'workloads': 30, 'speedup': (2.14, 4.69, 8.5), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (21, None), 'total_seq_len': (316, 3465)}, 'workloads': 4, 'speedup': (1.39, 2.31, 2.98), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (21, None), 'total_seq_len': (582, 3465)}, 'workloads': 18, 'speedup': (1.32, 2.45, 3.85), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3465, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (3, 22), 'total_seq_len': (3465, None)}, 'workloads': 10, 'speedup': (1.39, 2.46, 6.85), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 170), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 10, 'speedup': (1.31, 1.87, 2.86), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (170, None), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.14, 1.38, 1.63), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 167), 'num_seqs': (6, None), 'total_seq_len': (None, 454)}, 'workloads': 12, 'speedup': (2.45, 5.49, 8.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (167, None), 'total_seq_len': (None, 3465)}, 'workloads': 20, 'speedup': (2.52, 4.36, 6.58), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (4, 87), 'num_seqs': (None, 6)}, 'workloads': 15, 'speedup': (3.54, 6.6, 9.08), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (87, 167), 'num_seqs': (None, 6)}, 'workloads': 7, 'speedup': (4.08, 5.41, 6.85), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 254)}, 'workloads': 15, 'speedup': (2.1, 4.26, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (254, None)}, 'workloads': 6, 'speedup': (1.32, 1.88, 2.45), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (4, 167), 'num_seqs': (6, None), 'total_seq_len': (454, None)}, 'workloads': 47, 'speedup': (1.31, 2.84, 8.5), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (167, None), 'num_seqs': (None, 22), 'total_seq_len': (3465, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (167, None), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.14, 1.38, 1.63), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -133,38 +127,29 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 153 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 28 workloads, 6.11x (2.45x .. 9.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 282 and 2 < num_seqs <= 21:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 6 workloads, 3.20x (2.84x .. 4.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 316 and num_seqs > 21 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 9 workloads, 2.42x (1.17x .. 3.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 582 and num_seqs > 21 and mean_seq_len > 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 12 workloads, 4.48x (2.52x .. 6.53x) over vllm_flashinfer_prefill
-    if 153 < total_seq_len <= 3465 and num_seqs <= 2:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 30 workloads, 4.69x (2.14x .. 8.50x) over vllm_flashinfer_prefill
-    if 282 < total_seq_len <= 3465 and 2 < num_seqs <= 21:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, 2.31x (1.39x .. 2.98x) over vllm_flashinfer_prefill
-    if 316 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 18 workloads, 2.45x (1.32x .. 3.85x) over vllm_flashinfer_prefill
-    if 582 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len > 2:
+    # region 1: 12 workloads, 5.49x (2.45x .. 8.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 454 and num_seqs > 6 and 4 < mean_seq_len <= 167:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 20 workloads, 4.36x (2.52x .. 6.58x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3465 and mean_seq_len > 167:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 3: 15 workloads, 6.60x (3.54x .. 9.08x) over vllm_flashinfer_prefill
+    if num_seqs <= 6 and 4 < mean_seq_len <= 87:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 7 workloads, 5.41x (4.08x .. 6.85x) over vllm_flashinfer_prefill
+    if num_seqs <= 6 and 87 < mean_seq_len <= 167:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 15 workloads, 4.26x (2.10x .. 9.04x) over vllm_flashinfer_prefill
+    if num_seqs <= 254 and mean_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 6 workloads, 1.88x (1.32x .. 2.45x) over vllm_flashinfer_prefill
+    if num_seqs > 254 and mean_seq_len <= 4:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 10 workloads, 2.46x (1.39x .. 6.85x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and 3 < num_seqs <= 22:
-        return 'cuda_prefill_staged.r64s4'
-    # region 11: 10 workloads, 1.87x (1.31x .. 2.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 22 and mean_seq_len <= 170:
+    # region 7: 47 workloads, 2.84x (1.31x .. 8.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 454 and num_seqs > 6 and 4 < mean_seq_len <= 167:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 170:
+    # region 9: 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 167:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -251,28 +236,26 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   4. 72 < total_seq_len <= 158 and max_seq_len > 40: cuda_prefill_pool_rows.k16c8, 8 workloads, 4.16x (2.85x .. 5.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   5. 158 < total_seq_len <= 374 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 4.23x (4.23x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   6. 158 < total_seq_len <= 374 and 9 < max_seq_len <= 123: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.28x (3.00x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 158 < total_seq_len <= 374 and max_seq_len > 123: cuda_prefill_staged.r64s4, 9 workloads, 4.42x (2.14x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
-#   8. 374 < total_seq_len <= 567 and num_seqs <= 11: cuda_prefill_staged.r64s4, 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off
+#   7. 158 < total_seq_len <= 374 and max_seq_len > 123: cuda_prefill_staged.r64s4, 9 workloads, 4.42x (2.14x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 374 < total_seq_len <= 567 and num_seqs <= 11: cuda_prefill_staged.r64s4, 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   9. 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len <= 93: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.69x (2.35x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   10. 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len > 93: cuda_prefill_staged.r64s4, 3 workloads, 3.60x (2.40x .. 4.41x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. 374 < total_seq_len <= 1448 and num_seqs > 45 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.85x (2.17x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   11. 374 < total_seq_len <= 1448 and num_seqs > 45 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.85x (2.17x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
 #   12. 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len <= 11 and 30 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   13. 374 < total_seq_len <= 3465 and num_seqs > 45 and max_seq_len > 49: cuda_prefill_staged.r64s4, 8 workloads, 1.93x (1.52x .. 2.45x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len > 11 and 30 < max_seq_len <= 49: cuda_prefill_staged.r64s4, 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len > 11 and 30 < max_seq_len <= 49: cuda_prefill_staged.r64s4, 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   15. 567 < total_seq_len <= 3465 and num_seqs <= 45: cuda_prefill_staged.r64s4, 33 workloads, 4.09x (1.57x .. 7.70x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   16. 1448 < total_seq_len <= 3465 and num_seqs > 45 and max_seq_len <= 30: cuda_prefill_staged.r64s4, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v32
 #   17. 3465 < total_seq_len <= 5947 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   18. 3465 < total_seq_len <= 23514 and num_seqs > 22 and max_seq_len > 11024: flashinfer_direct, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 3465 and num_seqs <= 5 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 7 workloads
-#   20. total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   21. total_seq_len > 3465 and 5 < num_seqs <= 11 and 4093 < max_seq_len <= 7660: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-#   22. total_seq_len > 3465 and 5 < num_seqs <= 11 and max_seq_len > 7660: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 7658: cuda_prefill_staged.r64s4, 4 workloads, 2.93x (1.74x .. 6.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 3465 and 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
-#   25. total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024: cuda_prefill_staged.r64s4, 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   27. total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362: flashinfer_direct, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 23514 and num_seqs > 22 and max_seq_len > 11024: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. total_seq_len > 3465 and num_seqs <= 11 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 8 workloads
+#   21. total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 3 workloads, 3.49x (2.03x .. 6.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 3465 and 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   23. total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024: cuda_prefill_staged.r64s4, 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   25. total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362: flashinfer_direct, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 23514 and num_seqs > 22 and max_seq_len > 11024: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
@@ -349,28 +332,26 @@ REGIONS_HINTED_EAGER = (
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (40, None), 'total_seq_len': (72, 158)}, 'workloads': 8, 'speedup': (2.85, 4.16, 5.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'total_seq_len': (158, 374)}, 'workloads': 1, 'speedup': (4.23, 4.23, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 123), 'total_seq_len': (158, 374)}, 'workloads': 8, 'speedup': (3.0, 5.28, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (123, None), 'total_seq_len': (158, 374)}, 'workloads': 9, 'speedup': (2.14, 4.42, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (374, 567)}, 'workloads': 7, 'speedup': (2.97, 5.04, 8.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (123, None), 'total_seq_len': (158, 374)}, 'workloads': 9, 'speedup': (2.14, 4.42, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (374, 567)}, 'workloads': 7, 'speedup': (2.97, 5.04, 8.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 93), 'num_seqs': (11, 45), 'total_seq_len': (374, 567)}, 'workloads': 3, 'speedup': (2.35, 3.69, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (93, None), 'num_seqs': (11, 45), 'total_seq_len': (374, 567)}, 'workloads': 3, 'speedup': (2.4, 3.6, 4.41), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (45, None), 'total_seq_len': (374, 1448)}, 'workloads': 8, 'speedup': (2.17, 2.85, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (45, None), 'total_seq_len': (374, 1448)}, 'workloads': 8, 'speedup': (2.17, 2.85, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 1, 'speedup': (2.4, 2.4, 2.4), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 8, 'speedup': (1.52, 1.93, 2.45), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (11, None), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 1, 'speedup': (3.7, 3.7, 3.7), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (11, None), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 1, 'speedup': (3.7, 3.7, 3.7), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 45), 'total_seq_len': (567, 3465)}, 'workloads': 33, 'speedup': (1.57, 4.09, 7.7), 'fallbacks': ('flashinfer_direct',)},
     {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (45, None), 'total_seq_len': (1448, 3465)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
     {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'total_seq_len': (3465, 5947)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (3465, 23514)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ()},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 4093), 'num_seqs': (None, 11), 'total_seq_len': (3465, None)}, 'workloads': 3, 'speedup': (2.92, 3.18, 3.75), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4093, 7660), 'num_seqs': (5, 11), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.33, 1.33, 1.33), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7660, None), 'num_seqs': (5, 11), 'total_seq_len': (3465, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 7658), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.74, 2.93, 6.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 11024), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.28, 1.69, 2.33), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 181), 'total_seq_len': (5947, None)}, 'workloads': 4, 'speedup': (1.56, 1.89, 2.37), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (181, None), 'total_seq_len': (5947, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (23514, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 4093), 'num_seqs': (None, 11), 'total_seq_len': (3465, None)}, 'workloads': 3, 'speedup': (2.92, 3.18, 3.75), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 11), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 5420), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 3, 'speedup': (2.03, 3.49, 6.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 11024), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.28, 1.69, 2.33), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 181), 'total_seq_len': (5947, None)}, 'workloads': 4, 'speedup': (1.56, 1.89, 2.37), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (181, None), 'total_seq_len': (5947, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (23514, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -588,10 +569,10 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 9 workloads, 4.42x (2.14x .. 6.53x) over vllm_flashinfer_prefill
     if 158 < total_seq_len <= 374 and max_seq_len > 123:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 8: 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 567 and num_seqs <= 11:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 9: 3 workloads, 3.69x (2.35x .. 6.20x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len <= 93:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
@@ -600,7 +581,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 11: 8 workloads, 2.85x (2.17x .. 3.39x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 1448 and num_seqs > 45 and max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 12: 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len <= 11 and 30 < max_seq_len <= 49:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
@@ -609,7 +590,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 14: 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len > 11 and 30 < max_seq_len <= 49:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 15: 33 workloads, 4.09x (1.57x .. 7.70x) over vllm_flashinfer_prefill
     if 567 < total_seq_len <= 3465 and num_seqs <= 45:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
@@ -622,24 +603,24 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 18: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
     if 3465 < total_seq_len <= 23514 and num_seqs > 22 and max_seq_len > 11024:
         return 'flashinfer_direct'
-    # region 20: 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill
+    # region 19: 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill
     if total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 1 workloads, 1.33x (1.33x .. 1.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and 5 < num_seqs <= 11 and 4093 < max_seq_len <= 7660:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 23: 4 workloads, 2.93x (1.74x .. 6.85x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 7658:
+    # region 21: 3 workloads, 3.49x (2.03x .. 6.85x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 5420:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill
+    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3465 and 11 < num_seqs <= 22 and max_seq_len > 5420:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill
     if total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill
+    # region 24: 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill
     if total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
     if total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362:
-        return ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 

@@ -39,8 +39,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 10.04% mean, 199.25% max;
 #             1.216x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.47% mean, 61.13% max;
-#             2.723x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.60% mean, 343.87% max;
+#             2.387x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
@@ -53,12 +53,17 @@
 #   9. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 19 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 58 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 4 workloads, 8.33x (6.99x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 295 and num_seqs > 2: cuda_prefill_pool_rows.k8c8, 35 workloads, 3.99x (1.47x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   3. 58 < total_seq_len <= 295 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len > 295 and mean_seq_len <= 2810: cuda_prefill_staged.r64s4, 89 workloads, 2.78x (1.24x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. total_seq_len > 295 and 2810 < mean_seq_len <= 6179: flashinfer_direct, 2 workloads, 1.24x (1.18x .. 1.31x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 295 and mean_seq_len > 6445: vllm_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 36 and num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. 36 < total_seq_len <= 295 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. 36 < total_seq_len <= 295 and 2 < num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 25 workloads, 4.46x (2.08x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   5. 181 < total_seq_len <= 295 and num_seqs > 17: cuda_prefill_staged.r64s4, 4 workloads, 2.01x (1.88x .. 2.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 295 < total_seq_len <= 5258 and mean_seq_len <= 1112: cuda_prefill_staged.r64s4, 66 workloads, 3.21x (1.37x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. 295 < total_seq_len <= 5258 and mean_seq_len > 1112: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. total_seq_len > 5258 and num_seqs <= 128 and mean_seq_len <= 331: cuda_prefill_staged.r64s4, 6 workloads, 1.87x (1.43x .. 2.51x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 5258 and 331 < mean_seq_len <= 914: flashinfer_direct, 6 workloads, 1.57x (1.43x .. 1.74x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 5258 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 11 workloads
+#   11. total_seq_len > 5258 and num_seqs > 128 and mean_seq_len <= 331: flashinfer_direct, 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -75,12 +80,17 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 58)}, 'workloads': 4, 'speedup': (6.99, 8.33, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (None, 295)}, 'workloads': 35, 'speedup': (1.47, 3.99, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (58, 295)}, 'workloads': 7, 'speedup': (3.66, 6.39, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2810), 'total_seq_len': (295, None)}, 'workloads': 89, 'speedup': (1.24, 2.78, 7.22), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2810, 6179), 'total_seq_len': (295, None)}, 'workloads': 2, 'speedup': (1.18, 1.24, 1.31), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6445, None), 'total_seq_len': (295, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (None, 36)}, 'workloads': 5, 'speedup': (6.99, 8.41, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.74, 3.11, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (36, 295)}, 'workloads': 7, 'speedup': (3.66, 6.39, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 17), 'total_seq_len': (36, 295)}, 'workloads': 25, 'speedup': (2.08, 4.46, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (181, 295)}, 'workloads': 4, 'speedup': (1.88, 2.01, 2.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 1112), 'total_seq_len': (295, 5258)}, 'workloads': 66, 'speedup': (1.37, 3.21, 7.22), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1112, None), 'total_seq_len': (295, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (None, 128), 'total_seq_len': (5258, None)}, 'workloads': 6, 'speedup': (1.43, 1.87, 2.51), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (331, 914), 'total_seq_len': (5258, None)}, 'workloads': 6, 'speedup': (1.43, 1.57, 1.74), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (5258, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (128, None), 'total_seq_len': (5258, None)}, 'workloads': 4, 'speedup': (1.24, 1.37, 1.45), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -122,20 +132,35 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 8.33x (6.99x .. 10.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 35 workloads, 3.99x (1.47x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 295 and num_seqs > 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 36 and num_seqs <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 295 and num_seqs <= 2:
+    if 36 < total_seq_len <= 295 and num_seqs <= 2:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 89 workloads, 2.78x (1.24x .. 7.22x) over vllm_flashinfer_prefill
-    if total_seq_len > 295 and mean_seq_len <= 2810:
+    # region 4: 25 workloads, 4.46x (2.08x .. 8.22x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 295 and 2 < num_seqs <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 2.01x (1.88x .. 2.41x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 295 and num_seqs > 17:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 66 workloads, 3.21x (1.37x .. 7.22x) over vllm_flashinfer_prefill
+    if 295 < total_seq_len <= 5258 and mean_seq_len <= 1112:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 2 workloads, 1.24x (1.18x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 295 and 2810 < mean_seq_len <= 6179:
+    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 295 < total_seq_len <= 5258 and mean_seq_len > 1112:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 6 workloads, 1.87x (1.43x .. 2.51x) over vllm_flashinfer_prefill
+    if total_seq_len > 5258 and num_seqs <= 128 and mean_seq_len <= 331:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 6 workloads, 1.57x (1.43x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 5258 and 331 < mean_seq_len <= 914:
+        return 'flashinfer_direct'
+    # region 11: 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 5258 and num_seqs > 128 and mean_seq_len <= 331:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -147,8 +172,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.49% mean, 199.25% max;
 #             1.268x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.33% mean, 62.49% max;
-#             2.829x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.24% mean, 99.61% max;
+#             2.718x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
@@ -207,30 +232,33 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   55. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
 #   56. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.88x (3.37x .. 8.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 181 and num_seqs > 17 and 22 < max_seq_len <= 64: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 724 and num_seqs > 17 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 12 workloads, 3.00x (2.38x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   4. total_seq_len <= 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 4 workloads, 1.51x (1.32x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. total_seq_len <= 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   6. num_seqs <= 7 and 4093 < max_seq_len <= 4528: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   7. num_seqs <= 7 and 4528 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.36x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. num_seqs <= 17 and mean_seq_len <= 22 and 87 < max_seq_len <= 226: cuda_prefill_pool_rows.k8c8, 3 workloads, 2.66x (2.08x .. 3.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   9. num_seqs <= 17 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. num_seqs <= 17 and 2 < max_seq_len <= 33: cuda_prefill_pool_rows.k8c8, 16 workloads, 5.44x (3.10x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   11. num_seqs <= 17 and 226 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 34 workloads, 3.91x (1.32x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. num_seqs <= 17 and mean_seq_len > 22 and 87 < max_seq_len <= 226: cuda_prefill_staged.r64s4, 15 workloads, 4.89x (2.73x .. 9.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 22 and 8180 < max_seq_len <= 16360: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   14. num_seqs <= 90 and max_seq_len > 16360: vllm_flashinfer_prefill (baseline), 2 workloads
-#   15. num_seqs > 17 and 64 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 23 workloads, 1.96x (1.24x .. 3.45x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   16. num_seqs > 90 and max_seq_len > 16360: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   17. num_seqs > 181 and 4093 < max_seq_len <= 8180: cuda_prefill_staged.r64s4, 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 90 < total_seq_len <= 362 and num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_pool_rows.k8c8, 5 workloads, 4.77x (3.56x .. 5.86x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 181 and num_seqs > 17 and 22 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 9 workloads, 2.75x (1.78x .. 4.01x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   20. total_seq_len > 362 and num_seqs <= 17 and 33 < max_seq_len <= 87: cuda_prefill_staged.r64s4, 2 workloads, 3.94x (2.19x .. 7.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.38x (2.30x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 724 and num_seqs > 17 and mean_seq_len > 5 and max_seq_len <= 22: cuda_prefill_staged.r64s4, 2 workloads, 2.33x (2.25x .. 2.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   24. total_seq_len > 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   1. total_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 45 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 93 and 4 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.38x (2.87x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 20 workloads, 4.73x (2.55x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   6. total_seq_len <= 4048 and num_seqs <= 22 and 127 < max_seq_len <= 222: cuda_prefill_staged.r64s4, 10 workloads, 4.63x (2.73x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 4048 and num_seqs <= 22 and 222 < max_seq_len <= 230: triton_prefill_fused.c16v32, 4 workloads, 2.96x (2.03x .. 3.55x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   8. total_seq_len <= 4048 and max_seq_len > 230: cuda_prefill_staged.r64s4, 38 workloads, 3.50x (1.37x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len <= 4048 and num_seqs > 22 and 127 < max_seq_len <= 230: cuda_prefill_staged.r64s4, 3 workloads, 2.12x (1.89x .. 2.32x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   10. num_seqs <= 2 and 13 < max_seq_len <= 75: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.26x (7.18x .. 7.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. num_seqs <= 2 and 75 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 1 workloads, 9.02x (9.02x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. num_seqs > 2 and mean_seq_len <= 2 and 45 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len > 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.04x (2.38x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len > 45 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.26x (2.47x .. 4.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len > 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len > 93 and 4 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.89x (2.13x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len > 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 16 workloads, 2.85x (1.78x .. 7.09x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   18. 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 1555: flashinfer_direct, 3 workloads, 1.62x (1.54x .. 1.74x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 1555: cuda_prefill_staged.r64s4, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len > 127: cuda_prefill_staged.r64s4, 8 workloads, 1.82x (1.43x .. 2.51x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   21. total_seq_len > 4048 and num_seqs <= 5 and mean_seq_len > 331 and 127 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 3.54x (3.25x .. 3.87x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 4048 and num_seqs <= 5 and mean_seq_len > 331 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 8 workloads
+#   23. total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and 127 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 2 workloads, 2.65x (2.14x .. 3.27x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   25. total_seq_len > 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 5792: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 14535 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 0 workloads
+#   27. total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len > 127: flashinfer_direct, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
@@ -292,30 +320,33 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (3.37, 5.88, 8.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (22, 64), 'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (17, None), 'total_seq_len': (None, 724)}, 'workloads': 12, 'speedup': (2.38, 3.0, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, 181), 'total_seq_len': (None, 23170)}, 'workloads': 4, 'speedup': (1.32, 1.51, 1.74), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (22, None), 'total_seq_len': (None, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 7)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 8180), 'num_seqs': (None, 7)}, 'workloads': 4, 'speedup': (1.36, 1.64, 1.91), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (87, 226), 'mean_seq_len': (None, 22), 'num_seqs': (None, 17)}, 'workloads': 3, 'speedup': (2.08, 2.66, 3.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 17)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 33), 'num_seqs': (None, 17)}, 'workloads': 16, 'speedup': (3.1, 5.44, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (226, 4093), 'num_seqs': (None, 17)}, 'workloads': 34, 'speedup': (1.32, 3.91, 7.22), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (87, 226), 'mean_seq_len': (22, None), 'num_seqs': (None, 17)}, 'workloads': 15, 'speedup': (2.73, 4.89, 9.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16360, None), 'num_seqs': (None, 90)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, 4093), 'num_seqs': (17, None)}, 'workloads': 23, 'speedup': (1.24, 1.96, 3.45), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16360, None), 'num_seqs': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.62, 1.62, 1.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 17), 'total_seq_len': (90, 362)}, 'workloads': 5, 'speedup': (3.56, 4.77, 5.86), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 64), 'num_seqs': (17, None), 'total_seq_len': (181, None)}, 'workloads': 9, 'speedup': (1.78, 2.75, 4.01), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (33, 87), 'num_seqs': (None, 17), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.19, 3.94, 7.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.3, 2.38, 2.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, None), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.25, 2.33, 2.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8180), 'num_seqs': (7, 181), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (8180, 16360), 'num_seqs': (22, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 45), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 13), 'total_seq_len': (None, 93)}, 'workloads': 4, 'speedup': (2.87, 5.38, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 127), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (None, 282)}, 'workloads': 20, 'speedup': (2.55, 4.73, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 222), 'num_seqs': (None, 22), 'total_seq_len': (None, 4048)}, 'workloads': 10, 'speedup': (2.73, 4.63, 7.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (222, 230), 'num_seqs': (None, 22), 'total_seq_len': (None, 4048)}, 'workloads': 4, 'speedup': (2.03, 2.96, 3.55), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (230, None), 'total_seq_len': (None, 4048)}, 'workloads': 38, 'speedup': (1.37, 3.5, 7.22), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 230), 'num_seqs': (22, None), 'total_seq_len': (None, 4048)}, 'workloads': 3, 'speedup': (1.89, 2.12, 2.32), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 75), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (7.18, 7.26, 7.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (75, 127), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (9.02, 9.02, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 127), 'mean_seq_len': (None, 2), 'num_seqs': (2, None)}, 'workloads': 1, 'speedup': (3.45, 3.45, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (5, None)}, 'workloads': 3, 'speedup': (2.38, 3.04, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (45, None)}, 'workloads': 3, 'speedup': (2.47, 3.26, 4.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 45), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 13), 'total_seq_len': (93, None)}, 'workloads': 6, 'speedup': (2.13, 2.89, 4.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 127), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (282, None)}, 'workloads': 16, 'speedup': (1.78, 2.85, 7.09), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 1555), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (4048, 14535)}, 'workloads': 3, 'speedup': (1.54, 1.62, 1.74), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1555, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (4048, 14535)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (None, 331), 'total_seq_len': (4048, 23170)}, 'workloads': 8, 'speedup': (1.43, 1.82, 2.51), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 4093), 'mean_seq_len': (331, None), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.25, 3.54, 3.87), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (331, None), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 4528), 'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (2.14, 2.65, 3.27), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 5792), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (14535, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ()},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (14535, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (None, 331), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -486,74 +517,80 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 5.88x (3.37x .. 8.25x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 17 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 17 and 22 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 12 workloads, 3.00x (2.38x .. 3.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 17 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 4 workloads, 1.51x (1.32x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 7 and 4093 < max_seq_len <= 4528:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 4 workloads, 1.64x (1.36x .. 1.91x) over vllm_flashinfer_prefill
-    if num_seqs <= 7 and 4528 < max_seq_len <= 8180:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 3 workloads, 2.66x (2.08x .. 3.54x) over vllm_flashinfer_prefill
-    if num_seqs <= 17 and mean_seq_len <= 22 and 87 < max_seq_len <= 226:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
-    if num_seqs <= 17 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 16 workloads, 5.44x (3.10x .. 8.73x) over vllm_flashinfer_prefill
-    if num_seqs <= 17 and 2 < max_seq_len <= 33:
+    # region 1: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 4 workloads, 5.38x (2.87x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 93 and 4 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 20 workloads, 4.73x (2.55x .. 8.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 34 workloads, 3.91x (1.32x .. 7.22x) over vllm_flashinfer_prefill
-    if num_seqs <= 17 and 226 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 15 workloads, 4.89x (2.73x .. 9.02x) over vllm_flashinfer_prefill
-    if num_seqs <= 17 and mean_seq_len > 22 and 87 < max_seq_len <= 226:
+    # region 6: 10 workloads, 4.63x (2.73x .. 7.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4048 and num_seqs <= 22 and 127 < max_seq_len <= 222:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 22 and 8180 < max_seq_len <= 16360:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 23 workloads, 1.96x (1.24x .. 3.45x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and 64 < max_seq_len <= 4093:
+    # region 7: 4 workloads, 2.96x (2.03x .. 3.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4048 and num_seqs <= 22 and 222 < max_seq_len <= 230:
+        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 8: 38 workloads, 3.50x (1.37x .. 7.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4048 and max_seq_len > 230:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 90 and max_seq_len > 16360:
+    # region 9: 3 workloads, 2.12x (1.89x .. 2.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4048 and num_seqs > 22 and 127 < max_seq_len <= 230:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 2 workloads, 7.26x (7.18x .. 7.33x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 13 < max_seq_len <= 75:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 11: 1 workloads, 9.02x (9.02x .. 9.02x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 75 < max_seq_len <= 127:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill
+    if num_seqs > 2 and mean_seq_len <= 2 and 45 < max_seq_len <= 127:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 3 workloads, 3.04x (2.38x .. 3.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 3 workloads, 3.26x (2.47x .. 4.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and 2 < max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 16: 6 workloads, 2.89x (2.13x .. 4.47x) over vllm_flashinfer_prefill
+    if total_seq_len > 93 and 4 < max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 16 workloads, 2.85x (1.78x .. 7.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill
-    if num_seqs > 181 and 4093 < max_seq_len <= 8180:
+    # region 18: 3 workloads, 1.62x (1.54x .. 1.74x) over vllm_flashinfer_prefill
+    if 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 1555:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 19: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
+    if 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 1555:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 5 workloads, 4.77x (3.56x .. 5.86x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 362 and num_seqs <= 17 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 19: 9 workloads, 2.75x (1.78x .. 4.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs > 17 and 22 < max_seq_len <= 64:
+    # region 20: 8 workloads, 1.82x (1.43x .. 2.51x) over vllm_flashinfer_prefill
+    if 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len > 127:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 2 workloads, 3.94x (2.19x .. 7.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs <= 17 and 33 < max_seq_len <= 87:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 2 workloads, 2.38x (2.30x .. 2.47x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 2 workloads, 2.33x (2.25x .. 2.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 17 and mean_seq_len > 5 and max_seq_len <= 22:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and 7 < num_seqs <= 181 and 4093 < max_seq_len <= 8180:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs > 22 and 8180 < max_seq_len <= 16360:
+    # region 21: 2 workloads, 3.54x (3.25x .. 3.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 4048 and num_seqs <= 5 and mean_seq_len > 331 and 127 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 2 workloads, 2.65x (2.14x .. 3.27x) over vllm_flashinfer_prefill
+    if total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and 127 < max_seq_len <= 4528:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and max_seq_len > 4528:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 5792:
+        return 'flashinfer_direct'
+    # region 27: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len > 127:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 

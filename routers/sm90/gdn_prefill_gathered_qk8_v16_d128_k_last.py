@@ -38,8 +38,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 6.90% mean, 95.30% max;
 #             1.192x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.62% mean, 103.83% max;
-#             2.340x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 4.96% mean, 103.83% max;
+#             2.392x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
 #   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
@@ -53,18 +53,13 @@
 #   10. total_seq_len > 168 and num_seqs > 7 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 17 workloads, 1.42x (1.25x .. 1.52x) over vllm_flashinfer_prefill
 #   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 84 and 8 < num_seqs <= 25: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.68x (3.19x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   2. total_seq_len <= 98 and num_seqs <= 8 and mean_seq_len > 22: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 239 and num_seqs > 25: cuda_prefill_pool_rows.k4c8, 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 10 workloads, 4.94x (1.46x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 84 < total_seq_len <= 5404 and 8 < num_seqs <= 25: cuda_prefill_staged.r64s4, 16 workloads, 2.90x (2.24x .. 4.33x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 98 < total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len > 22: cuda_prefill_staged.r64s4, 42 workloads, 4.01x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. 239 < total_seq_len <= 5404 and num_seqs > 25: cuda_prefill_staged.r64s4, 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 5404 and mean_seq_len > 4845: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845: flashinfer_direct, 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   2. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 245 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   4. 90 < total_seq_len <= 3448 and num_seqs <= 17: cuda_prefill_staged.r64s4, 60 workloads, 3.57x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   5. 245 < total_seq_len <= 3448 and num_seqs > 17: cuda_prefill_staged.r64s4, 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   6. total_seq_len > 3448 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 3448 and num_seqs > 1: flashinfer_direct, 24 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -82,18 +77,13 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (8, 25), 'total_seq_len': (None, 84)}, 'workloads': 5, 'speedup': (3.19, 3.68, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 98)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (None, 239)}, 'workloads': 5, 'speedup': (2.42, 2.99, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 22), 'num_seqs': (None, 8), 'total_seq_len': (None, 5404)}, 'workloads': 10, 'speedup': (1.46, 4.94, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (8, 25), 'total_seq_len': (84, 5404)}, 'workloads': 16, 'speedup': (2.24, 2.9, 4.33), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (22, None), 'num_seqs': (None, 8), 'total_seq_len': (98, 5404)}, 'workloads': 42, 'speedup': (1.45, 4.01, 8.61), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (25, None), 'total_seq_len': (239, 5404)}, 'workloads': 33, 'speedup': (1.56, 2.33, 3.42), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (None, 25), 'total_seq_len': (5404, None)}, 'workloads': 10, 'speedup': (1.44, 1.94, 3.12), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4845, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (25, 38), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.12, 1.31, 1.55), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (38, 238), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.31, 1.64, 2.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 4845), 'num_seqs': (238, None), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 24), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 11, 'speedup': (3.3, 5.63, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (24, None), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 245)}, 'workloads': 6, 'speedup': (2.45, 3.04, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (90, 3448)}, 'workloads': 60, 'speedup': (1.45, 3.57, 8.61), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (245, 3448)}, 'workloads': 33, 'speedup': (1.56, 2.33, 3.42), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3448, None)}, 'workloads': 24, 'speedup': (1.12, 1.48, 2.58), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -141,41 +131,26 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 3.68x (3.19x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 84 and 8 < num_seqs <= 25:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 1: 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 98 and num_seqs <= 8 and mean_seq_len > 22:
+    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 239 and num_seqs > 25:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 10 workloads, 4.94x (1.46x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 16 workloads, 2.90x (2.24x .. 4.33x) over vllm_flashinfer_prefill
-    if 84 < total_seq_len <= 5404 and 8 < num_seqs <= 25:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 42 workloads, 4.01x (1.45x .. 8.61x) over vllm_flashinfer_prefill
-    if 98 < total_seq_len <= 5404 and num_seqs <= 8 and mean_seq_len > 22:
+    # region 3: 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 245 and num_seqs > 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 60 workloads, 3.57x (1.45x .. 8.61x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 3448 and num_seqs <= 17:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill
-    if 239 < total_seq_len <= 5404 and num_seqs > 25:
+    # region 5: 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill
+    if 245 < total_seq_len <= 3448 and num_seqs > 17:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 10 workloads, 1.94x (1.44x .. 3.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs <= 25 and mean_seq_len <= 4845:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5404 and mean_seq_len > 4845:
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3448 and num_seqs <= 1:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 5 workloads, 1.31x (1.12x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and 25 < num_seqs <= 38 and mean_seq_len <= 4845:
-        return 'flashinfer_direct'
-    # region 11: 4 workloads, 1.64x (1.31x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and 38 < num_seqs <= 238 and mean_seq_len <= 4845:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs > 238 and mean_seq_len <= 4845:
+    # region 7: 24 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 3448 and num_seqs > 1:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -187,8 +162,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.73% mean, 48.34% max;
 #             1.211x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.31% mean, 33.09% max;
-#             2.434x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.02% mean, 33.09% max;
+#             2.436x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.81x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -244,27 +219,23 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   10. 78 < total_seq_len <= 362 and num_seqs > 45 and 11 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   11. 78 < total_seq_len <= 724 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.79x (2.13x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
 #   12. 78 < total_seq_len <= 3448 and num_seqs <= 45 and 11 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.99x (2.74x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 78 < total_seq_len <= 3448 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32
+#   13. 78 < total_seq_len <= 3448 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
 #   14. 90 < total_seq_len <= 3448 and max_seq_len > 16: cuda_prefill_staged.r64s4, 83 workloads, 3.20x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
 #   15. 362 < total_seq_len <= 3448 and num_seqs > 45 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: cuda_prefill_staged.r64s4, 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   20. 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: cuda_prefill_staged.r64s4, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 3448 < total_seq_len <= 23170 and mean_seq_len <= 821 and max_seq_len <= 298: cuda_prefill_staged.r64s4, 5 workloads, 1.40x (1.29x .. 1.61x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189: flashinfer_direct, 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   25. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   27. total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081: flashinfer_direct, 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   30. total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   32. total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 23170 and mean_seq_len <= 821 and max_seq_len <= 298: flashinfer_direct, 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
+#   16. 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 3448 < total_seq_len <= 5404 and num_seqs <= 1 and max_seq_len > 4072: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   18. 3448 < total_seq_len <= 5404 and max_seq_len <= 4072: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 3448 < total_seq_len <= 5404 and num_seqs > 1 and max_seq_len > 4072: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   20. 5404 < total_seq_len <= 10776 and num_seqs <= 11 and max_seq_len <= 3489: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 5404 < total_seq_len <= 10776 and num_seqs <= 11 and 3489 < max_seq_len <= 8189: flashinfer_direct, 2 workloads, 1.50x (1.42x .. 1.57x) over vllm_flashinfer_prefill
+#   22. 5404 < total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 1780: cuda_prefill_staged.r64s4, 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   23. 5404 < total_seq_len <= 11585 and num_seqs > 22 and max_seq_len > 1780: flashinfer_direct, 3 workloads, 1.30x (1.18x .. 1.42x) over vllm_flashinfer_prefill
+#   24. total_seq_len > 5404 and num_seqs <= 11 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 5404 and num_seqs > 11 and mean_seq_len <= 104 and max_seq_len <= 1780: cuda_prefill_staged.r64s4, 3 workloads, 1.51x (1.29x .. 1.67x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. total_seq_len > 5404 and num_seqs > 11 and mean_seq_len > 104 and max_seq_len <= 1780: flashinfer_direct, 8 workloads, 1.47x (1.20x .. 1.65x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 10776 and num_seqs <= 11 and max_seq_len <= 8189: flashinfer_direct, 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill
+#   28. total_seq_len > 11585 and num_seqs > 11 and 1780 < max_seq_len <= 32576: flashinfer_direct, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 11585 and num_seqs > 11 and max_seq_len > 32576: vllm_flashinfer_prefill (baseline), 0 workloads
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.81, 1.95, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
@@ -323,27 +294,23 @@ REGIONS_HINTED_EAGER = (
     {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (45, None), 'total_seq_len': (78, 362)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (78, 724)}, 'workloads': 4, 'speedup': (2.13, 2.79, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
     {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (None, 45), 'total_seq_len': (78, 3448)}, 'workloads': 3, 'speedup': (2.74, 2.99, 3.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (78, 3448)}, 'workloads': 5, 'speedup': (2.17, 2.74, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (78, 3448)}, 'workloads': 5, 'speedup': (2.17, 2.74, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
     {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (90, 3448)}, 'workloads': 83, 'speedup': (1.45, 3.2, 8.61), 'fallbacks': ('flashinfer_direct',)},
     {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (45, None), 'total_seq_len': (362, 3448)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (724, 3448)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (3448, 11585)}, 'workloads': 4, 'speedup': (1.73, 2.38, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 12699)}, 'workloads': 3, 'speedup': (1.57, 1.77, 2.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, 22103)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (None, 821), 'total_seq_len': (3448, 23170)}, 'workloads': 5, 'speedup': (1.29, 1.4, 1.61), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 8189), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.43, 1.51, 1.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (821, None), 'num_seqs': (None, 4), 'total_seq_len': (3448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7660, 16372), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.76, 1.83, 1.91), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (None, 90), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (181, 821), 'num_seqs': (22, None), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.12, 1.21, 1.35), 'fallbacks': ()},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (None, 181), 'num_seqs': (90, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (821, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (298, 1081), 'mean_seq_len': (None, 821), 'total_seq_len': (12699, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4093, 7660), 'mean_seq_len': (821, None), 'num_seqs': (4, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 298), 'mean_seq_len': (None, 821), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.2, 1.2, 1.2), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (724, 3448)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4072, None), 'num_seqs': (None, 1), 'total_seq_len': (3448, 5404)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4072), 'total_seq_len': (3448, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4072, None), 'num_seqs': (1, None), 'total_seq_len': (3448, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 3489), 'num_seqs': (None, 11), 'total_seq_len': (5404, 10776)}, 'workloads': 4, 'speedup': (1.73, 2.38, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3489, 8189), 'num_seqs': (None, 11), 'total_seq_len': (5404, 10776)}, 'workloads': 2, 'speedup': (1.42, 1.5, 1.57), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1780, None), 'num_seqs': (11, 22), 'total_seq_len': (5404, 11585)}, 'workloads': 1, 'speedup': (1.76, 1.76, 1.76), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1780, None), 'num_seqs': (22, None), 'total_seq_len': (5404, 11585)}, 'workloads': 3, 'speedup': (1.18, 1.3, 1.42), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 11), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1780), 'mean_seq_len': (None, 104), 'num_seqs': (11, None), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.29, 1.51, 1.67), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1780), 'mean_seq_len': (104, None), 'num_seqs': (11, None), 'total_seq_len': (5404, None)}, 'workloads': 8, 'speedup': (1.2, 1.47, 1.65), 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 8189), 'num_seqs': (None, 11), 'total_seq_len': (10776, None)}, 'workloads': 2, 'speedup': (1.28, 1.4, 1.54), 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1780, 32576), 'num_seqs': (11, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32576, None), 'num_seqs': (11, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -516,7 +483,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 13: 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill
     if 78 < total_seq_len <= 3448 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 14: 83 workloads, 3.20x (1.45x .. 8.61x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 3448 and max_seq_len > 16:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
@@ -525,54 +492,42 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 16: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
     if 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 3448 < total_seq_len <= 5792 and mean_seq_len <= 821 and max_seq_len > 1081:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 3448 < total_seq_len <= 5404 and num_seqs <= 1 and max_seq_len > 4072:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 3448 < total_seq_len <= 5404 and max_seq_len <= 4072:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill
-    if 3448 < total_seq_len <= 11585 and mean_seq_len > 821 and max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 3 workloads, 1.77x (1.57x .. 2.10x) over vllm_flashinfer_prefill
-    if 3448 < total_seq_len <= 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
-    if 3448 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 5 workloads, 1.40x (1.29x .. 1.61x) over vllm_flashinfer_prefill
-    if 3448 < total_seq_len <= 23170 and mean_seq_len <= 821 and max_seq_len <= 298:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 3 workloads, 1.51x (1.43x .. 1.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 8189:
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 3448 < total_seq_len <= 5404 and num_seqs > 1 and max_seq_len > 4072:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3448 and num_seqs <= 4 and mean_seq_len > 821 and max_seq_len > 8189:
+    # region 20: 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill
+    if 5404 < total_seq_len <= 10776 and num_seqs <= 11 and max_seq_len <= 3489:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 2 workloads, 1.50x (1.42x .. 1.57x) over vllm_flashinfer_prefill
+    if 5404 < total_seq_len <= 10776 and num_seqs <= 11 and 3489 < max_seq_len <= 8189:
+        return 'flashinfer_direct'
+    # region 22: 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill
+    if 5404 < total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 1780:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 3 workloads, 1.30x (1.18x .. 1.42x) over vllm_flashinfer_prefill
+    if 5404 < total_seq_len <= 11585 and num_seqs > 22 and max_seq_len > 1780:
+        return 'flashinfer_direct'
+    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5404 and num_seqs <= 11 and max_seq_len > 8189:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 821 and 7660 < max_seq_len <= 16372:
-        return 'flashinfer_direct'
-    # region 26: 2 workloads, 1.83x (1.76x .. 1.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs <= 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081:
+    # region 25: 3 workloads, 1.51x (1.29x .. 1.67x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs > 11 and mean_seq_len <= 104 and max_seq_len <= 1780:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs <= 90 and mean_seq_len <= 181 and max_seq_len > 1081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 3 workloads, 1.21x (1.12x .. 1.35x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs > 22 and 181 < mean_seq_len <= 821 and max_seq_len > 1081:
+    # region 26: 8 workloads, 1.47x (1.20x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs > 11 and mean_seq_len > 104 and max_seq_len <= 1780:
         return 'flashinfer_direct'
-    # region 29: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs > 90 and mean_seq_len <= 181 and max_seq_len > 1081:
+    # region 27: 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 10776 and num_seqs <= 11 and max_seq_len <= 8189:
         return 'flashinfer_direct'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and mean_seq_len > 821 and max_seq_len <= 4093:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 12699 and mean_seq_len <= 821 and 298 < max_seq_len <= 1081:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 32: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 821 and 4093 < max_seq_len <= 7660:
-        return 'flashinfer_direct'
-    # region 33: 1 workloads, 1.20x (1.20x .. 1.20x) over vllm_flashinfer_prefill
-    if total_seq_len > 23170 and mean_seq_len <= 821 and max_seq_len <= 298:
+    # region 28: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 11585 and num_seqs > 11 and 1780 < max_seq_len <= 32576:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 

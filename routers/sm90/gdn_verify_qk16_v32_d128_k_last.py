@@ -29,8 +29,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.61% mean, 21.59% max;
 #             1.000x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.37% mean, 42.97% max;
-#             1.301x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.95% mean, 74.38% max;
+#             1.297x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 6 workloads, 1.38x (1.23x .. 1.54x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 1 < num_seqs <= 2: cuda_verify_rows.r4, 4 workloads, 1.21x (1.11x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
@@ -41,11 +41,11 @@
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_seqs <= 1 and cache_steps <= 4: cuda_verify_rows.r1, 4 workloads, 3.79x (3.39x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2
 #   2. num_seqs <= 4 and cache_steps > 4: cuda_verify_rows.r4, 4 workloads, 3.68x (3.27x .. 4.97x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
-#   3. 1 < num_seqs <= 72 and cache_steps <= 4: cuda_verify_rows.r4, 18 workloads, 2.25x (1.19x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   3. 1 < num_seqs <= 72 and cache_steps <= 4: cuda_verify_rows.r4, 18 workloads, 2.25x (1.19x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8
 #   4. 4 < num_seqs <= 61 and cache_steps > 4: cuda_verify_rows.r8, 4 workloads, 2.28x (1.73x .. 2.79x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
 #   5. 72 < num_seqs <= 176: cuda_verify_rows.r8, 4 workloads, 1.24x (1.20x .. 1.30x) over sglang_verify
-#   6. num_seqs > 176 and cache_steps <= 2: cuda_verify_rows.r8, 4 workloads, 1.21x (1.09x .. 1.31x) over sglang_verify; then cuda_verify_rows.r4
-#   7. num_seqs > 176 and cache_steps > 2: cuda_verify_rows.r4, 4 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   6. num_seqs > 176 and cache_steps <= 2: cuda_verify_rows.r8, 4 workloads, 1.31x (1.17x .. 1.46x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   7. num_seqs > 176 and cache_steps > 2: sglang_verify (baseline), 4 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -60,11 +60,11 @@ REGIONS = (
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (None, 1)}, 'workloads': 4, 'speedup': (3.39, 3.79, 5.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 4)}, 'workloads': 4, 'speedup': (3.27, 3.68, 4.97), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (1, 72)}, 'workloads': 18, 'speedup': (1.19, 2.25, 4.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 3, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (1, 72)}, 'workloads': 18, 'speedup': (1.19, 2.25, 4.09), 'fallbacks': ('cuda_verify_rows.r8',)},
     {'region': 4, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (4, None), 'num_seqs': (4, 61)}, 'workloads': 4, 'speedup': (1.73, 2.28, 2.79), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
     {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (72, 176)}, 'workloads': 4, 'speedup': (1.2, 1.24, 1.3), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 2), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.09, 1.21, 1.31), 'fallbacks': ('cuda_verify_rows.r4',)},
-    {'region': 7, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (2, None), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.07, 1.15, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 6, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 2), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.17, 1.31, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 7, 'variant': 'sglang_verify', 'bounds': {'cache_steps': (2, None), 'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -103,19 +103,19 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r4'
     # region 3: 18 workloads, 2.25x (1.19x .. 4.09x) over sglang_verify
     if 1 < num_seqs <= 72 and cache_steps <= 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
     # region 4: 4 workloads, 2.28x (1.73x .. 2.79x) over sglang_verify
     if 4 < num_seqs <= 61 and cache_steps > 4:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
     # region 5: 4 workloads, 1.24x (1.20x .. 1.30x) over sglang_verify
     if 72 < num_seqs <= 176:
         return 'cuda_verify_rows.r8'
-    # region 6: 4 workloads, 1.21x (1.09x .. 1.31x) over sglang_verify
+    # region 6: 4 workloads, 1.31x (1.17x .. 1.46x) over sglang_verify's guarded call
     if num_seqs > 176 and cache_steps <= 2:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
-    # region 7: 4 workloads, 1.15x (1.07x .. 1.22x) over sglang_verify's guarded call
+        return 'cuda_verify_rows.r8'
+    # region 7: 4 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 176 and cache_steps > 2:
-        return 'cuda_verify_rows.r4'
+        return ('sglang_verify', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 
@@ -134,6 +134,6 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows
 
 
 def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs > 176 and cache_steps > 2:  # region 7
+    if num_seqs > 176 and cache_steps <= 2:  # region 6
         return True
     return False

@@ -53,10 +53,10 @@
 #   7. 269 < num_tokens <= 612: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
 #   8. num_tokens > 612: triton_splitk.b64s1, 10 workloads, 1.12x (1.10x .. 1.13x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_tokens <= 6: cuda_splitk.s16, 17 workloads, 4.32x (2.70x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, cuda_splitk.s1, triton_splitk.b64s1
-#   2. 6 < num_tokens <= 7: triton_splitk.b64s16, 4 workloads, 3.55x (2.48x .. 4.06x) over flashmla_sparse; then triton_splitk.b32s64, cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s64, cuda_splitk.s2, triton_splitk.b64s1, cuda_splitk.s1
-#   3. 7 < num_tokens <= 39: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2, triton_splitk.b64s1
-#   4. 39 < num_tokens <= 136: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   1. num_tokens <= 6: cuda_splitk.s16, 17 workloads, 4.32x (2.70x .. 6.34x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b32s64, cuda_splitk.s64, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2
+#   2. 6 < num_tokens <= 7: triton_splitk.b64s16, 4 workloads, 3.55x (2.48x .. 4.06x) over flashmla_sparse; then triton_splitk.b32s64, cuda_splitk.s8, cuda_splitk.s16, triton_splitk.b64s4, cuda_splitk.s4, cuda_splitk.s64, cuda_splitk.s2
+#   3. 7 < num_tokens <= 39: cuda_splitk.s8, 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse; then cuda_splitk.s16, cuda_splitk.s4, triton_splitk.b64s16, triton_splitk.b64s4, cuda_splitk.s2
+#   4. 39 < num_tokens <= 136: triton_splitk.b64s4, 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
 #   5. num_tokens > 136: triton_splitk.b64s1, 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
 # measured    1 <= num_tokens <= 8192
 
@@ -72,10 +72,10 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 6)}, 'workloads': 17, 'speedup': (2.7, 4.32, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
-    {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (6, 7)}, 'workloads': 4, 'speedup': (2.48, 3.55, 4.06), 'fallbacks': ('triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1')},
-    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 39)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1')},
-    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (39, 136)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 6)}, 'workloads': 17, 'speedup': (2.7, 4.32, 6.34), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 2, 'variant': 'triton_splitk.b64s16', 'bounds': {'num_tokens': (6, 7)}, 'workloads': 4, 'speedup': (2.48, 3.55, 4.06), 'fallbacks': ('triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2')},
+    {'region': 3, 'variant': 'cuda_splitk.s8', 'bounds': {'num_tokens': (7, 39)}, 'workloads': 14, 'speedup': (1.93, 3.7, 7.34), 'fallbacks': ('cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
+    {'region': 4, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (39, 136)}, 'workloads': 5, 'speedup': (1.37, 1.75, 2.35), 'fallbacks': ()},
     {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (136, None)}, 'workloads': 15, 'speedup': (1.04, 1.29, 1.95), 'fallbacks': ()},
 )
 
@@ -115,16 +115,16 @@ def route_eager(num_tokens, num_pages):
     inside = 1 <= num_tokens <= 8192  # within the measured ranges: fallbacks apply
     # region 1: 17 workloads, 4.32x (2.70x .. 6.34x) over flashmla_sparse
     if num_tokens <= 6:
-        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s16'
+        return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b32s64', 'cuda_splitk.s64', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
     # region 2: 4 workloads, 3.55x (2.48x .. 4.06x) over flashmla_sparse
     if 6 < num_tokens <= 7:
-        return ('triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2', 'triton_splitk.b64s1', 'cuda_splitk.s1') if inside else 'triton_splitk.b64s16'
+        return ('triton_splitk.b64s16', 'triton_splitk.b32s64', 'cuda_splitk.s8', 'cuda_splitk.s16', 'triton_splitk.b64s4', 'cuda_splitk.s4', 'cuda_splitk.s64', 'cuda_splitk.s2') if inside else 'triton_splitk.b64s16'
     # region 3: 14 workloads, 3.70x (1.93x .. 7.34x) over flashmla_sparse
     if 7 < num_tokens <= 39:
-        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2', 'triton_splitk.b64s1') if inside else 'cuda_splitk.s8'
+        return ('cuda_splitk.s8', 'cuda_splitk.s16', 'cuda_splitk.s4', 'triton_splitk.b64s16', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s8'
     # region 4: 5 workloads, 1.75x (1.37x .. 2.35x) over flashmla_sparse
     if 39 < num_tokens <= 136:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+        return 'triton_splitk.b64s4'
     # region 5: 15 workloads, 1.29x (1.04x .. 1.95x) over flashmla_sparse
     if num_tokens > 136:
         return 'triton_splitk.b64s1'

@@ -53,8 +53,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.26% mean, 7.62% max;
 #             1.009x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.99% mean, 38.48% max;
-#             1.399x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.58% mean, 38.48% max;
+#             1.283x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 4: cuda_decode_pool_rows.r4cs, 4 workloads, 1.43x (1.28x .. 1.60x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v16w1cs, triton_decode_pool.v8w1cs
 #   2. 4 < batch_size <= 8: triton_decode_pool.v32w1cs, 3 workloads, 1.13x (1.10x .. 1.18x) over sglang_packed_decode; then triton_decode_pool.v32w1, cuda_decode_pool_rows.r4cs
@@ -62,9 +62,9 @@
 #   4. batch_size > 40: sglang_packed_decode (baseline), 10 workloads; where it cannot run here, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r8cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 3.07x (2.27x .. 4.82x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v16w2cs
-#   2. 3 < batch_size <= 27: cuda_decode_pool_rows.r8cs, 8 workloads, 2.78x (1.95x .. 5.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs
-#   3. 27 < batch_size <= 51: cuda_decode_pool_rows.r2cs, 3 workloads, 1.56x (1.45x .. 1.65x) over sglang_packed_decode; then cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
-#   4. batch_size > 51: cuda_decode_pool_rows.r8, 9 workloads, 1.30x (1.08x .. 1.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r32cs
+#   2. 3 < batch_size <= 32: cuda_decode_pool_rows.r8cs, 9 workloads, 2.63x (1.68x .. 5.25x) over sglang_packed_decode; then cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r32cs
+#   3. 32 < batch_size <= 193: cuda_decode_pool_rows.r8, 7 workloads, 1.46x (1.20x .. 1.83x) over sglang_packed_decode; then cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r8cs
+#   4. batch_size > 193: cuda_decode_pool_rows.r8, 4 workloads, 1.23x (1.16x .. 1.30x) over sglang_packed_decode's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
@@ -76,9 +76,9 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r4cs', 'bounds': {'batch_size': (None, 3)}, 'workloads': 3, 'speedup': (2.27, 3.07, 4.82), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 27)}, 'workloads': 8, 'speedup': (1.95, 2.78, 5.25), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs')},
-    {'region': 3, 'variant': 'cuda_decode_pool_rows.r2cs', 'bounds': {'batch_size': (27, 51)}, 'workloads': 3, 'speedup': (1.45, 1.56, 1.65), 'fallbacks': ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
-    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (51, None)}, 'workloads': 9, 'speedup': (1.08, 1.3, 1.83), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8cs', 'bounds': {'batch_size': (3, 32)}, 'workloads': 9, 'speedup': (1.68, 2.63, 5.25), 'fallbacks': ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs')},
+    {'region': 3, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (32, 193)}, 'workloads': 7, 'speedup': (1.2, 1.46, 1.83), 'fallbacks': ('cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs')},
+    {'region': 4, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (193, None)}, 'workloads': 4, 'speedup': (1.16, 1.23, 1.3), 'fallbacks': (), 'hand_back': True},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -106,13 +106,19 @@ def route_eager(batch_size, num_slots):
     # region 1: 3 workloads, 3.07x (2.27x .. 4.82x) over sglang_packed_decode
     if batch_size <= 3:
         return ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v16w2cs') if inside else 'cuda_decode_pool_rows.r4cs'
-    # region 2: 8 workloads, 2.78x (1.95x .. 5.25x) over sglang_packed_decode
-    if 3 < batch_size <= 27:
+    # region 2: 9 workloads, 2.63x (1.68x .. 5.25x) over sglang_packed_decode
+    if 3 < batch_size <= 32:
         return ('cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8cs'
-    # region 3: 3 workloads, 1.56x (1.45x .. 1.65x) over sglang_packed_decode
-    if 27 < batch_size <= 51:
-        return ('cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'cuda_decode_pool_rows.r2cs'
-    # region 4: 9 workloads, 1.30x (1.08x .. 1.83x) over sglang_packed_decode
-    if batch_size > 51:
-        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r32cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 3: 7 workloads, 1.46x (1.20x .. 1.83x) over sglang_packed_decode
+    if 32 < batch_size <= 193:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r8cs') if inside else 'cuda_decode_pool_rows.r8'
+    # region 4: 4 workloads, 1.23x (1.16x .. 1.30x) over sglang_packed_decode's guarded call
+    if batch_size > 193:
+        return 'cuda_decode_pool_rows.r8'
     return 'sglang_packed_decode'
+
+
+def hand_back_eager(batch_size, num_slots):
+    if batch_size > 193:  # region 4
+        return True
+    return False

@@ -55,7 +55,7 @@
 #   6. 65 < batch_size <= 200: cuda_decode_warp_rows.r2cs, 9 workloads, 1.68x (1.26x .. 2.28x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r8
 #   7. 200 < batch_size <= 321: cuda_decode_warp_rows.r1cs, 4 workloads, 1.39x (1.26x .. 1.73x) over flashinfer; then cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs
 #   8. 321 < batch_size <= 541: cuda_decode_warp_rows.r2cs, 4 workloads, 1.19x (1.09x .. 1.35x) over flashinfer; then cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8
-#   9. batch_size > 541: cuda_decode_warp_rows.r1cs, 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4
+#   9. batch_size > 541: cuda_decode_warp_rows.r1cs, 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
@@ -75,7 +75,7 @@ REGIONS_EAGER = (
     {'region': 6, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (65, 200)}, 'workloads': 9, 'speedup': (1.26, 1.68, 2.28), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r8')},
     {'region': 7, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (200, 321)}, 'workloads': 4, 'speedup': (1.26, 1.39, 1.73), 'fallbacks': ('cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs')},
     {'region': 8, 'variant': 'cuda_decode_warp_rows.r2cs', 'bounds': {'batch_size': (321, 541)}, 'workloads': 4, 'speedup': (1.09, 1.19, 1.35), 'fallbacks': ('cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8')},
-    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (541, None)}, 'workloads': 5, 'speedup': (1.1, 1.16, 1.26), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4')},
+    {'region': 9, 'variant': 'cuda_decode_warp_rows.r1cs', 'bounds': {'batch_size': (541, None)}, 'workloads': 5, 'speedup': (1.1, 1.16, 1.26), 'fallbacks': ('cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -129,5 +129,5 @@ def route_eager(batch_size):
         return ('cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8') if inside else 'cuda_decode_warp_rows.r2cs'
     # region 9: 5 workloads, 1.16x (1.10x .. 1.26x) over flashinfer
     if batch_size > 541:
-        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4') if inside else 'cuda_decode_warp_rows.r1cs'
+        return ('cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r1cs'
     return 'flashinfer'

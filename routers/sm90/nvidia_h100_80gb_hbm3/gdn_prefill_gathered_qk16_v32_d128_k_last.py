@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 5.35% mean, 64.04% max;
 #             1.008x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.23% mean, 133.05% max;
-#             1.131x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.11% mean, 453.84% max;
+#             1.122x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 3 and mean_seq_len <= 2159: triton_prefill_fused.c16v32, 3 workloads, 5.53x (4.76x .. 6.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 451 and num_seqs > 3 and mean_seq_len > 22: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.06x (1.03x .. 1.08x) over vllm_flashinfer_prefill
@@ -48,16 +48,14 @@
 #   8. total_seq_len > 678 and num_seqs > 3: vllm_flashinfer_prefill (baseline), 55 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 23 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.37x (7.61x .. 9.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 212 and 2 < num_seqs <= 23: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.92x (1.19x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   3. total_seq_len <= 212 and num_seqs > 23: cuda_prefill_pool_rows.k4c8, 4 workloads, 2.42x (1.79x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   2. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 8 workloads, 1.98x (1.36x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 6: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   4. 23 < total_seq_len <= 109 and num_seqs <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 6.04x (4.40x .. 8.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. 109 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8
-#   6. 212 < total_seq_len <= 335 and 2 < num_seqs <= 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   7. 212 < total_seq_len <= 335 and num_seqs > 8: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 68 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 7 workloads, 2.35x (1.91x .. 2.66x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   5. 109 < total_seq_len <= 362 and num_seqs <= 2: triton_prefill_fused.c16v64, 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len > 268 and num_seqs > 2 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   7. total_seq_len > 268 and num_seqs > 2 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 69 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159: vllm_flashinfer_prefill.cp_off, 7 workloads, 2.35x (1.91x .. 2.66x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -73,16 +71,14 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 23)}, 'workloads': 2, 'speedup': (7.61, 8.37, 9.21), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (2, 23), 'total_seq_len': (None, 212)}, 'workloads': 8, 'speedup': (1.19, 1.92, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (23, None), 'total_seq_len': (None, 212)}, 'workloads': 4, 'speedup': (1.79, 2.42, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 8, 'speedup': (1.36, 1.98, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (23, 109)}, 'workloads': 2, 'speedup': (4.4, 6.04, 8.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (109, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (212, 335)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (212, 335)}, 'workloads': 6, 'speedup': (1.17, 1.54, 2.6), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (2, None), 'total_seq_len': (335, None)}, 'workloads': 68, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.91, 2.35, 2.66), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (109, 362)}, 'workloads': 5, 'speedup': (2.51, 3.69, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (2, None), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.44, 1.53, 1.77), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (2, None), 'total_seq_len': (268, None)}, 'workloads': 69, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 2159), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 7, 'speedup': (1.91, 2.35, 2.66), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2159, None), 'num_seqs': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -124,34 +120,28 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 1: 2 workloads, 8.37x (7.61x .. 9.21x) over vllm_flashinfer_prefill
     if total_seq_len <= 23 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 8 workloads, 1.92x (1.19x .. 4.28x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and 2 < num_seqs <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 4 workloads, 2.42x (1.79x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 23:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 8 workloads, 1.98x (1.36x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 6:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 4: 2 workloads, 6.04x (4.40x .. 8.28x) over vllm_flashinfer_prefill
     if 23 < total_seq_len <= 109 and num_seqs <= 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 5: 5 workloads, 3.69x (2.51x .. 6.93x) over vllm_flashinfer_prefill
     if 109 < total_seq_len <= 362 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 212 < total_seq_len <= 335 and 2 < num_seqs <= 8:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 6 workloads, 1.54x (1.17x .. 2.60x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 335 and num_seqs > 8:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 8: 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill
-    if total_seq_len > 335 and num_seqs > 2 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 68 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 335 and num_seqs > 2 and mean_seq_len > 3:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 4 workloads, 1.53x (1.44x .. 1.77x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and num_seqs > 2 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 69 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and num_seqs > 2 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 7 workloads, 2.35x (1.91x .. 2.66x) over vllm_flashinfer_prefill
+    # region 8: 7 workloads, 2.35x (1.91x .. 2.66x) over vllm_flashinfer_prefill
     if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len <= 2159:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 362 and num_seqs <= 2 and mean_seq_len > 2159:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -164,8 +154,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.97% mean, 19.62% max;
 #             1.088x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.83% mean, 83.92% max;
-#             1.224x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.55% mean, 83.92% max;
+#             1.199x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and num_seqs <= 8 and mean_seq_len > 6 and max_seq_len <= 19: triton_prefill_fused.c16v32, 1 workloads, 5.94x (5.94x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 58 and num_seqs <= 8 and mean_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 3.20x (1.24x .. 8.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
@@ -197,51 +187,52 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   28. total_seq_len > 878 and 2 < num_seqs <= 8 and max_seq_len > 450: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
 #   29. total_seq_len > 5792 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   2. total_seq_len <= 41 and num_seqs > 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. total_seq_len <= 41 and num_seqs > 2 and 2 < max_seq_len <= 70: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and 70 < max_seq_len <= 126: cuda_prefill_pool_rows.k4c8, 3 workloads, 1.37x (1.17x .. 1.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
-#   7. total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 126: triton_prefill_fused.c16v64, 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   8. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   9. total_seq_len <= 268 and num_seqs > 22 and mean_seq_len <= 45 and max_seq_len > 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
-#   11. num_seqs <= 2 and mean_seq_len <= 1 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 1 workloads, 9.30x (9.30x .. 9.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. num_seqs <= 2 and mean_seq_len <= 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. num_seqs <= 2 and 1 < mean_seq_len <= 37 and max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   14. total_seq_len > 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   15. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.72x (1.85x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   16. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   17. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 2 and max_seq_len <= 37: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   18. 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361: triton_prefill_fused.c16v64, 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   20. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   21. 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 0 workloads
-#   22. 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   23. 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   24. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   25. 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   26. 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   27. 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it)
-#   28. 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   29. 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   30. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   31. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   33. 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510: triton_prefill_fused.c16v64, 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   35. 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 38 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   36. 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   38. 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   39. total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25: triton_prefill_fused.c16v64, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
-#   42. 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   43. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   44. total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   45. total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 14: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and 14 < max_seq_len <= 361: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   3. total_seq_len <= 41 and mean_seq_len <= 7 and max_seq_len > 2: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 64 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361: triton_prefill_fused.c16v64, 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 11 and max_seq_len > 70: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   8. total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 22 and max_seq_len > 70: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.37x (1.15x .. 1.64x) over vllm_flashinfer_prefill
+#   9. total_seq_len <= 268 and num_seqs > 2 and 22 < mean_seq_len <= 45: triton_prefill_fused.c16v64, 3 workloads, 1.76x (1.60x .. 1.91x) over vllm_flashinfer_prefill
+#   10. total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
+#   11. total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. total_seq_len <= 559 and num_seqs > 1 and mean_seq_len <= 7 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.81x (1.77x .. 1.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   13. total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
+#   14. num_seqs <= 2 and 7 < mean_seq_len <= 875 and max_seq_len > 361: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
+#   15. total_seq_len > 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   16. 41 < total_seq_len <= 150 and mean_seq_len <= 7 and max_seq_len > 2: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.62x (1.79x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   17. 64 < total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.50x (1.83x .. 4.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   18. 150 < total_seq_len <= 559 and mean_seq_len <= 2 and max_seq_len > 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.47x (1.46x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8
+#   19. 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and 2 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.82x (1.46x .. 2.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   20. 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and max_seq_len > 45: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361: triton_prefill_fused.c16v64, 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   22. 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.73x (1.52x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   23. 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   24. 268 < total_seq_len <= 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829: triton_prefill_fused.c16v64, 2 workloads, 2.55x (2.08x .. 3.13x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   25. 268 < total_seq_len <= 5792 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 829: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   26. 268 < total_seq_len <= 5792 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   27. total_seq_len > 268 and 2 < num_seqs <= 4 and 45 < mean_seq_len <= 81: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64; engine plugins keep the engine's kernel (`hand_back`)
+#   28. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len <= 178: triton_prefill_fused.c16v64, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   29. total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   30. total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
+#   32. total_seq_len > 268 and 4 < num_seqs <= 34 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 26 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   33. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   34. total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   35. 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 133: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and 133 < max_seq_len <= 7544: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 721 and 34 < num_seqs <= 181 and mean_seq_len > 10: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   38. total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.18x (1.13x .. 1.22x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   39. total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   40. total_seq_len > 721 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len > 7544: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   42. total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   43. 11585 < total_seq_len <= 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   44. total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   45. total_seq_len > 11585 and num_seqs > 181 and mean_seq_len > 10 and 724 < max_seq_len <= 7544: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (6, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (5.94, 5.94, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -276,51 +267,52 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 361), 'mean_seq_len': (None, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (8.29, 8.29, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 70), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.6, 4.6, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, 126), 'mean_seq_len': (None, 45), 'num_seqs': (2, 22), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.17, 1.37, 1.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, None), 'mean_seq_len': (None, 45), 'num_seqs': (2, 22), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.55, 1.55, 1.55), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (None, 45), 'num_seqs': (22, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.55, 1.89, 2.29), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (None, 1), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (9.3, 9.3, 9.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (None, 875), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (1, 37), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (14, 361), 'mean_seq_len': (None, 37), 'num_seqs': (None, 2), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.85, 2.72, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (None, 22), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 37), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 9, 'speedup': (1.46, 2.18, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (37, 70), 'mean_seq_len': (22, None), 'num_seqs': (2, None), 'total_seq_len': (41, 268)}, 'workloads': 2, 'speedup': (1.24, 1.36, 1.49), 'fallbacks': ()},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (2.51, 3.5, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 181), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (268, 335)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 379)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32'), 'hand_back': True},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.21, 1.54, 1.98), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (90, 234), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (234, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (268, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'num_seqs': (2, None), 'total_seq_len': (268, 791)}, 'workloads': 4, 'speedup': (1.47, 1.56, 1.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (268, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 2896)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (2, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (40, 510), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (3.13, 3.13, 3.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (268, 17695)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (335, 17695)}, 'workloads': 38, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (40, 90), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (379, 17695)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (2, 90), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (2, 11), 'num_seqs': (4, None), 'total_seq_len': (724, 17695)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 39, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 11), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 4, 'speedup': (1.29, 1.4, 1.52), 'fallbacks': ()},
-    {'region': 40, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (11, None), 'num_seqs': (2, None), 'total_seq_len': (791, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (25, 40), 'num_seqs': (90, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (510, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (2896, 17695)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (2, 113), 'total_seq_len': (17695, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (40, None), 'num_seqs': (113, None), 'total_seq_len': (17695, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 14), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (7.61, 7.61, 7.61), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 361), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2), 'total_seq_len': (None, 28)}, 'workloads': 1, 'speedup': (8.29, 8.29, 8.29), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 7), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (7, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 64)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, 90), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.4, 4.4, 4.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (90, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.6, 4.6, 4.6), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (7, 11), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (70, None), 'mean_seq_len': (11, 22), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 2, 'speedup': (1.15, 1.37, 1.64), 'fallbacks': ()},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (22, 45), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.6, 1.76, 1.91), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 268)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 7), 'num_seqs': (None, 1), 'total_seq_len': (None, 559)}, 'workloads': 1, 'speedup': (9.35, 9.35, 9.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 7), 'num_seqs': (1, None), 'total_seq_len': (None, 559)}, 'workloads': 2, 'speedup': (1.77, 1.81, 1.85), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.55, 1.89, 2.29), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (7, 875), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.09, 2.46, 2.66), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (7, 37), 'num_seqs': (None, 2), 'total_seq_len': (28, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 7), 'total_seq_len': (41, 150)}, 'workloads': 3, 'speedup': (1.79, 2.62, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 70), 'mean_seq_len': (7, 22), 'num_seqs': (2, None), 'total_seq_len': (64, 268)}, 'workloads': 4, 'speedup': (1.83, 2.5, 4.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, None), 'mean_seq_len': (None, 2), 'total_seq_len': (150, 559)}, 'workloads': 2, 'speedup': (1.46, 1.47, 1.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8',)},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 45), 'mean_seq_len': (2, 7), 'total_seq_len': (150, 559)}, 'workloads': 3, 'speedup': (1.46, 1.82, 2.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (45, None), 'mean_seq_len': (2, 7), 'total_seq_len': (150, 559)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ()},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 361), 'mean_seq_len': (37, None), 'num_seqs': (None, 2), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (2.51, 3.5, 6.93), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (7, None), 'num_seqs': (34, None), 'total_seq_len': (268, 721)}, 'workloads': 2, 'speedup': (1.52, 1.73, 1.98), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (7, None), 'num_seqs': (34, None), 'total_seq_len': (268, 721)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 829), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (268, 1448)}, 'workloads': 2, 'speedup': (2.08, 2.55, 3.13), 'fallbacks': (), 'hand_back': True},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (829, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 3), 'total_seq_len': (268, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (829, None), 'mean_seq_len': (147, None), 'num_seqs': (3, 4), 'total_seq_len': (268, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 81), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',), 'hand_back': True},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 178), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (81, 147), 'num_seqs': (2, 4), 'total_seq_len': (268, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (7, 45), 'num_seqs': (2, 34), 'total_seq_len': (268, None)}, 'workloads': 1, 'speedup': (1.42, 1.42, 1.42), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (7, 45), 'num_seqs': (2, 34), 'total_seq_len': (268, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (4, 34), 'total_seq_len': (268, None)}, 'workloads': 26, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (None, 7), 'total_seq_len': (559, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 133), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (721, 11585)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (133, 7544), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (721, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (10, None), 'num_seqs': (34, 181), 'total_seq_len': (721, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'mean_seq_len': (7, 10), 'num_seqs': (34, None), 'total_seq_len': (721, None)}, 'workloads': 2, 'speedup': (1.13, 1.18, 1.22), 'fallbacks': (), 'hand_back': True},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (7, 10), 'num_seqs': (34, None), 'total_seq_len': (721, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (7544, None), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (721, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 829), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (829, None), 'mean_seq_len': (147, None), 'num_seqs': (2, 4), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (11585, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (361, None), 'mean_seq_len': (875, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (724, 7544), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (10, None), 'num_seqs': (181, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -422,138 +414,144 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361:
+    # region 1: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 1 workloads, 8.29x (8.29x .. 8.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and 14 < max_seq_len <= 361:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 2 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 41 and num_seqs > 2 and 2 < max_seq_len <= 70:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and mean_seq_len <= 7 and max_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 64 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 1 workloads, 4.40x (4.40x .. 4.40x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs <= 2 and 37 < mean_seq_len <= 90 and max_seq_len <= 361:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill
+    # region 6: 1 workloads, 4.60x (4.60x .. 4.60x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len > 90 and max_seq_len <= 361:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 3 workloads, 1.37x (1.17x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and 70 < max_seq_len <= 126:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.55x (1.55x .. 1.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and 2 < num_seqs <= 22 and mean_seq_len <= 45 and max_seq_len > 126:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45 and max_seq_len > 70:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 268 and num_seqs > 22 and mean_seq_len <= 45 and max_seq_len > 70:
-        return 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
+    # region 7: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 11 and max_seq_len > 70:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 2 workloads, 1.37x (1.15x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and 11 < mean_seq_len <= 22 and max_seq_len > 70:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 9: 3 workloads, 1.76x (1.60x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 2 and 22 < mean_seq_len <= 45:
+        return 'triton_prefill_fused.c16v64'
+    # region 10: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 1 workloads, 9.35x (9.35x .. 9.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 559 and num_seqs <= 1 and mean_seq_len <= 7 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 12: 2 workloads, 1.81x (1.77x .. 1.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 559 and num_seqs > 1 and mean_seq_len <= 7 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 3 workloads, 1.89x (1.55x .. 2.29x) over vllm_flashinfer_prefill
     if total_seq_len <= 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 1 workloads, 9.30x (9.30x .. 9.30x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 1 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len <= 875 and max_seq_len > 361:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 1 workloads, 7.61x (7.61x .. 7.61x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 1 < mean_seq_len <= 37 and max_seq_len <= 14:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 28 and num_seqs <= 2 and mean_seq_len <= 37 and 14 < max_seq_len <= 361:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 15: 2 workloads, 2.72x (1.85x .. 3.99x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len <= 22 and 37 < max_seq_len <= 70:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 9 workloads, 2.18x (1.46x .. 4.28x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 2 and max_seq_len <= 37:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 18: 2 workloads, 1.36x (1.24x .. 1.49x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 268 and num_seqs > 2 and mean_seq_len > 22 and 37 < max_seq_len <= 70:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 2 workloads, 1.54x (1.21x .. 1.98x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:
-        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 234:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 4 workloads, 1.56x (1.47x .. 1.73x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 791 and num_seqs > 2 and max_seq_len <= 25:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:
+    # region 14: 5 workloads, 2.46x (2.09x .. 2.66x) over vllm_flashinfer_prefill
+    if num_seqs <= 2 and 7 < mean_seq_len <= 875 and max_seq_len > 361:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 29: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 2896 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 31: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 1 workloads, 3.13x (3.13x .. 3.13x) over vllm_flashinfer_prefill's guarded call
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:
-        return 'triton_prefill_fused.c16v64'
-    # region 34: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 17695 and num_seqs > 2 and mean_seq_len <= 2 and max_seq_len > 40:
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 28 and num_seqs <= 2 and 7 < mean_seq_len <= 37 and max_seq_len <= 361:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 16: 3 workloads, 2.62x (1.79x .. 3.99x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 150 and mean_seq_len <= 7 and max_seq_len > 2:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 35: 38 workloads, the baseline; its stand-ins where it cannot run here
-    if 335 < total_seq_len <= 17695 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len > 40:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 721 and 2 < num_seqs <= 90 and 25 < max_seq_len <= 40:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and max_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 4 workloads, 1.40x (1.29x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 791 and num_seqs > 2 and mean_seq_len <= 11 and max_seq_len <= 25:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 40: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:
+    # region 17: 4 workloads, 2.50x (1.83x .. 4.28x) over vllm_flashinfer_prefill
+    if 64 < total_seq_len <= 268 and num_seqs > 2 and 7 < mean_seq_len <= 22 and max_seq_len <= 70:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 2 workloads, 1.47x (1.46x .. 1.47x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 559 and mean_seq_len <= 2 and max_seq_len > 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 19: 3 workloads, 1.82x (1.46x .. 2.75x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and 2 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 559 and 2 < mean_seq_len <= 7 and max_seq_len > 45:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 21: 4 workloads, 3.50x (2.51x .. 6.93x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 2 and mean_seq_len > 37 and max_seq_len <= 361:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 2 workloads, 1.73x (1.52x .. 1.98x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 268 < total_seq_len <= 721 and num_seqs > 34 and mean_seq_len > 7 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 2 workloads, 2.55x (2.08x .. 3.13x) over vllm_flashinfer_prefill's guarded call
+    if 268 < total_seq_len <= 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829:
         return 'triton_prefill_fused.c16v64'
-    # region 41: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 268 < total_seq_len <= 5792 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 829:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 26: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 268 < total_seq_len <= 5792 and 3 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 45 < mean_seq_len <= 81:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 28: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len <= 178:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len > 178:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 1 workloads, 1.42x (1.42x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len <= 90:
+        return 'triton_prefill_fused.c16v64'
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 2 < num_seqs <= 34 and 7 < mean_seq_len <= 45 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'vllm_flashinfer_prefill'
+    # region 32: 26 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and 4 < num_seqs <= 34 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 4 workloads, 1.46x (1.39x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len <= 181:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 559 and mean_seq_len <= 7 and max_seq_len > 181:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 133:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and 133 < max_seq_len <= 7544:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 13 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 721 and 34 < num_seqs <= 181 and mean_seq_len > 10:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 2 workloads, 1.18x (1.13x .. 1.22x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len <= 90:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 721 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len > 7544:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 2896 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 510:
+    if total_seq_len > 5792 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len > 829:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if 11585 < total_seq_len <= 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and mean_seq_len > 875 and max_seq_len > 361:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 17695 and 2 < num_seqs <= 113 and max_seq_len > 40:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 17695 and num_seqs > 113 and max_seq_len > 40:
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs > 181 and mean_seq_len > 10 and 724 < max_seq_len <= 7544:
         return 'vllm_flashinfer_prefill.cp_off'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -568,24 +566,22 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 268 < total_seq_len <= 335 and num_seqs > 4 and mean_seq_len > 11 and 40 < max_seq_len <= 181:  # region 20
+    if 268 < total_seq_len <= 1448 and 2 < num_seqs <= 4 and mean_seq_len > 147 and max_seq_len <= 829:  # region 24
         return True
-    if 268 < total_seq_len <= 379 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 22
+    if 268 < total_seq_len <= 5792 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 829:  # region 25
         return True
-    if 268 < total_seq_len <= 724 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 90 < max_seq_len <= 234:  # region 24
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 45 < mean_seq_len <= 81:  # region 27
         return True
-    if 268 < total_seq_len <= 2896 and 2 < num_seqs <= 3 and mean_seq_len > 147 and max_seq_len > 510:  # region 28
+    if total_seq_len > 268 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and max_seq_len <= 178:  # region 28
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 2 < mean_seq_len <= 81 and max_seq_len > 40:  # region 30
+    if 721 < total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 133:  # region 35
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and 81 < mean_seq_len <= 147 and 40 < max_seq_len <= 178:  # region 31
+    if total_seq_len > 721 and num_seqs > 34 and 7 < mean_seq_len <= 10 and max_seq_len <= 90:  # region 38
         return True
-    if 268 < total_seq_len <= 17695 and 2 < num_seqs <= 4 and mean_seq_len > 147 and 40 < max_seq_len <= 510:  # region 33
+    if total_seq_len > 721 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len > 7544:  # region 40
         return True
-    if 379 < total_seq_len <= 17695 and num_seqs > 4 and 2 < mean_seq_len <= 11 and 40 < max_seq_len <= 90:  # region 36
+    if 11585 < total_seq_len <= 23170 and num_seqs > 181 and mean_seq_len > 10 and max_seq_len <= 724:  # region 43
         return True
-    if total_seq_len > 791 and num_seqs > 2 and mean_seq_len > 11 and max_seq_len <= 25:  # region 40
-        return True
-    if total_seq_len > 1448 and num_seqs > 90 and 25 < max_seq_len <= 40:  # region 41
+    if total_seq_len > 11585 and num_seqs > 181 and mean_seq_len > 10 and 724 < max_seq_len <= 7544:  # region 45
         return True
     return False

@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 17.81% mean, 251.13% max;
 #             1.240x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 46.00% mean, 561.32% max;
-#             1.930x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 44.55% mean, 291.99% max;
+#             1.924x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 37 and num_seqs <= 51 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.60x .. 9.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.04x (1.03x .. 1.07x) over vllm_flashinfer_prefill
@@ -49,19 +49,20 @@
 #   9. total_seq_len > 1448 and num_seqs > 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 #   10. total_seq_len > 2973 and 51 < num_seqs <= 169 and mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 362 and num_seqs > 21: cuda_prefill_pool_rows.k4c8, 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: triton_prefill_chunked.v64, 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   3. num_seqs <= 21 and mean_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   4. num_seqs <= 21 and 8 < mean_seq_len <= 34: cuda_prefill_pool_rows.k8c8, 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. num_seqs <= 21 and 34 < mean_seq_len <= 111: triton_prefill_fused.c16v32, 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   6. num_seqs <= 21 and 111 < mean_seq_len <= 419: triton_prefill_fused.c16v64, 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   7. num_seqs <= 21 and 844 < mean_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.03x (1.16x .. 3.50x) over vllm_flashinfer_prefill
-#   8. num_seqs <= 21 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. 362 < total_seq_len <= 533 and num_seqs > 21: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. 533 < total_seq_len <= 1448 and num_seqs > 21: triton_prefill_fused.c16v32, 7 workloads, 1.75x (1.12x .. 3.57x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 30: triton_prefill_fused.c16v64, 4 workloads, 1.92x (1.64x .. 2.90x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 30: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   13. total_seq_len > 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 32 and 3 < mean_seq_len <= 53: cuda_prefill_pool_rows.k4c8, 2 workloads, 9.92x (6.73x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   2. total_seq_len <= 101 and mean_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.22x (2.71x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   3. total_seq_len <= 567 and 53 < mean_seq_len <= 160: triton_prefill_fused.c16v32, 13 workloads, 4.19x (2.55x .. 6.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   4. total_seq_len <= 567 and mean_seq_len > 160: triton_prefill_fused.c16v64, 3 workloads, 2.97x (2.47x .. 3.37x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   5. 32 < total_seq_len <= 181 and 3 < mean_seq_len <= 53: cuda_prefill_pool_rows.k8c8, 7 workloads, 5.27x (3.34x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. 101 < total_seq_len <= 181 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 4 workloads, 3.01x (2.22x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. 181 < total_seq_len <= 1024 and 21 < mean_seq_len <= 53: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.93x (2.65x .. 7.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 181 and mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   9. total_seq_len > 181 and 11 < mean_seq_len <= 21: triton_prefill_chunked.v64, 6 workloads, 2.09x (1.50x .. 3.09x) over vllm_flashinfer_prefill
+#   10. 567 < total_seq_len <= 1874 and 53 < mean_seq_len <= 493: triton_prefill_fused.c16v64, 12 workloads, 4.78x (2.76x .. 8.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   11. 567 < total_seq_len <= 1874 and mean_seq_len > 493: triton_prefill_chunked.v64, 4 workloads, 3.25x (2.95x .. 3.77x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   12. total_seq_len > 1024 and 21 < mean_seq_len <= 53: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. 1874 < total_seq_len <= 4089 and mean_seq_len > 53: triton_prefill_chunked.v64, 11 workloads, 2.76x (1.26x .. 12.35x) over vllm_flashinfer_prefill
+#   14. total_seq_len > 4089 and mean_seq_len > 53: vllm_flashinfer_prefill (baseline), 19 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -78,19 +79,20 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (None, 362)}, 'workloads': 9, 'speedup': (1.14, 2.6, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (None, 4096)}, 'workloads': 7, 'speedup': (1.26, 2.49, 3.77), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (3.68, 8.66, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (8, 34), 'num_seqs': (None, 21)}, 'workloads': 11, 'speedup': (2.24, 4.8, 9.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (34, 111), 'num_seqs': (None, 21)}, 'workloads': 10, 'speedup': (3.2, 4.8, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (111, 419), 'num_seqs': (None, 21)}, 'workloads': 25, 'speedup': (1.65, 3.82, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (844, 1448), 'num_seqs': (None, 21)}, 'workloads': 4, 'speedup': (1.16, 2.03, 3.5), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'num_seqs': (None, 21)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (362, 533)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (21, None), 'total_seq_len': (533, 1448)}, 'workloads': 7, 'speedup': (1.12, 1.75, 3.57), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 30), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 4, 'speedup': (1.64, 1.92, 2.9), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (30, None), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (419, 844), 'num_seqs': (None, 21), 'total_seq_len': (4096, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (3, 53), 'total_seq_len': (None, 32)}, 'workloads': 2, 'speedup': (6.73, 9.92, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 101)}, 'workloads': 4, 'speedup': (2.71, 7.22, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (53, 160), 'total_seq_len': (None, 567)}, 'workloads': 13, 'speedup': (2.55, 4.19, 6.74), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (160, None), 'total_seq_len': (None, 567)}, 'workloads': 3, 'speedup': (2.47, 2.97, 3.37), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (3, 53), 'total_seq_len': (32, 181)}, 'workloads': 7, 'speedup': (3.34, 5.27, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (101, 181)}, 'workloads': 4, 'speedup': (2.22, 3.01, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (21, 53), 'total_seq_len': (181, 1024)}, 'workloads': 4, 'speedup': (2.65, 4.93, 7.43), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 11), 'total_seq_len': (181, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (11, 21), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (1.5, 2.09, 3.09), 'fallbacks': ()},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (53, 493), 'total_seq_len': (567, 1874)}, 'workloads': 12, 'speedup': (2.76, 4.78, 8.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (493, None), 'total_seq_len': (567, 1874)}, 'workloads': 4, 'speedup': (2.95, 3.25, 3.77), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (21, 53), 'total_seq_len': (1024, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (53, None), 'total_seq_len': (1874, 4089)}, 'workloads': 11, 'speedup': (1.26, 2.76, 12.35), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, None), 'total_seq_len': (4089, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -135,44 +137,47 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 9 workloads, 2.60x (1.14x .. 7.59x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 21:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 7 workloads, 2.49x (1.26x .. 3.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844:
-        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
-    # region 3: 6 workloads, 8.66x (3.68x .. 20.06x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 11 workloads, 4.80x (2.24x .. 9.41x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 8 < mean_seq_len <= 34:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 10 workloads, 4.80x (3.20x .. 6.75x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 34 < mean_seq_len <= 111:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 25 workloads, 3.82x (1.65x .. 19.31x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 111 < mean_seq_len <= 419:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 4 workloads, 2.03x (1.16x .. 3.50x) over vllm_flashinfer_prefill
-    if num_seqs <= 21 and 844 < mean_seq_len <= 1448:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 21 and mean_seq_len > 1448:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 533 and num_seqs > 21:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 7 workloads, 1.75x (1.12x .. 3.57x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1448 and num_seqs > 21:
-        return 'triton_prefill_fused.c16v32'
-    # region 11: 4 workloads, 1.92x (1.64x .. 2.90x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 30:
-        return 'triton_prefill_fused.c16v64'
-    # region 12: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len > 30:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4096 and num_seqs <= 21 and 419 < mean_seq_len <= 844:
+    # region 1: 2 workloads, 9.92x (6.73x .. 14.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 32 and 3 < mean_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 4 workloads, 7.22x (2.71x .. 20.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 101 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 13 workloads, 4.19x (2.55x .. 6.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 567 and 53 < mean_seq_len <= 160:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 3 workloads, 2.97x (2.47x .. 3.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 567 and mean_seq_len > 160:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 7 workloads, 5.27x (3.34x .. 9.95x) over vllm_flashinfer_prefill
+    if 32 < total_seq_len <= 181 and 3 < mean_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 4 workloads, 3.01x (2.22x .. 4.29x) over vllm_flashinfer_prefill
+    if 101 < total_seq_len <= 181 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 4 workloads, 4.93x (2.65x .. 7.43x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 1024 and 21 < mean_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 8: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and mean_seq_len <= 11:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 6 workloads, 2.09x (1.50x .. 3.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 11 < mean_seq_len <= 21:
+        return 'triton_prefill_chunked.v64'
+    # region 10: 12 workloads, 4.78x (2.76x .. 8.75x) over vllm_flashinfer_prefill
+    if 567 < total_seq_len <= 1874 and 53 < mean_seq_len <= 493:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 4 workloads, 3.25x (2.95x .. 3.77x) over vllm_flashinfer_prefill
+    if 567 < total_seq_len <= 1874 and mean_seq_len > 493:
+        return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_chunked.v64'
+    # region 12: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1024 and 21 < mean_seq_len <= 53:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 11 workloads, 2.76x (1.26x .. 12.35x) over vllm_flashinfer_prefill
+    if 1874 < total_seq_len <= 4089 and mean_seq_len > 53:
+        return 'triton_prefill_chunked.v64'
+    # region 14: 19 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4089 and mean_seq_len > 53:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -184,8 +189,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.63% mean, 73.88% max;
 #             1.350x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.07% mean, 168.94% max;
-#             2.397x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.99% mean, 168.94% max;
+#             2.400x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
@@ -237,46 +242,49 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   48. total_seq_len > 20107 and num_seqs <= 51 and 29 < max_seq_len <= 1810: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
 #   49. total_seq_len > 20107 and num_seqs <= 51 and max_seq_len > 1810: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len > 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 126 and num_seqs <= 51 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 3 workloads, 3.74x (2.71x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 181 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 181 and num_seqs > 51 and 5 < max_seq_len <= 125: cuda_prefill_pool_rows.k8c8, 2 workloads, 3.09x (2.22x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   7. total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   8. total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021: triton_prefill_fused.c16v64, 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 724 and num_seqs > 192 and 125 < max_seq_len <= 415: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   10. total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 830: triton_prefill_chunked.v64, 3 workloads, 1.78x (1.13x .. 2.69x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452: triton_prefill_chunked.v64, 6 workloads, 2.84x (2.14x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 5792 and num_seqs <= 51 and 3452 < max_seq_len <= 5267: triton_prefill_chunked.v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 11585 and num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   14. total_seq_len <= 11585 and 51 < num_seqs <= 90 and 415 < max_seq_len <= 830: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   15. total_seq_len <= 11585 and 51 < num_seqs <= 192 and 125 < max_seq_len <= 415: triton_prefill_fused.c16v64, 3 workloads, 1.50x (1.35x .. 1.66x) over vllm_flashinfer_prefill
-#   16. total_seq_len <= 11585 and num_seqs > 90 and 415 < max_seq_len <= 830: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   17. total_seq_len > 16 and num_seqs <= 51 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   18. total_seq_len > 126 and num_seqs <= 51 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   19. 181 < total_seq_len <= 362 and num_seqs > 51 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   20. 181 < total_seq_len <= 362 and num_seqs > 51 and 9 < max_seq_len <= 125: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   21. 181 < total_seq_len <= 374 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   22. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 9 workloads, 2.63x (1.88x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   23. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and 49 < max_seq_len <= 125: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32
-#   24. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32
-#   25. 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and 45 < max_seq_len <= 125: triton_prefill_fused.c16v32, 2 workloads, 2.44x (1.66x .. 3.57x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. 374 < total_seq_len <= 2912 and num_seqs <= 51 and 97 < max_seq_len <= 726: triton_prefill_fused.c16v64, 23 workloads, 4.46x (1.62x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   27. 374 < total_seq_len <= 2912 and num_seqs <= 51 and 726 < max_seq_len <= 1021: triton_prefill_chunked.v64, 5 workloads, 3.56x (2.05x .. 4.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. 724 < total_seq_len <= 11585 and num_seqs > 192 and 125 < max_seq_len <= 415: triton_prefill_fused.c16v64, 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 2896 < total_seq_len <= 5792 and num_seqs > 51 and max_seq_len <= 125: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
-#   30. 2896 < total_seq_len <= 11585 and num_seqs > 51 and 830 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. 2896 < total_seq_len <= 11585 and num_seqs > 51 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 2912 and num_seqs <= 51 and 97 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   33. total_seq_len > 2912 and num_seqs <= 51 and 362 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.02x (1.78x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   34. total_seq_len > 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   35. 5792 < total_seq_len <= 11585 and num_seqs <= 51 and 3452 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 5792 and num_seqs > 51 and max_seq_len <= 125: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. total_seq_len > 11585 and num_seqs <= 51 and max_seq_len > 3452: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   38. total_seq_len > 11585 and 51 < num_seqs <= 181 and 125 < max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 11585 and 51 < num_seqs <= 181 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   40. total_seq_len > 11585 and num_seqs > 181 and max_seq_len > 125: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len <= 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.10x (2.71x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 181 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 362 and num_seqs > 35 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.60x (2.26x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 362 and num_seqs > 35 and 5 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 4 workloads, 2.95x (2.22x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   7. total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   8. total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021: triton_prefill_fused.c16v64, 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len <= 724 and 35 < num_seqs <= 90 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 157: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
+#   11. total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   12. total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: triton_prefill_chunked.v64, 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: triton_prefill_chunked.v64, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+#   14. num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   15. num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   16. total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   17. total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   18. 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   19. 362 < total_seq_len <= 533 and num_seqs > 35 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.51x (1.88x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   20. 362 < total_seq_len <= 533 and num_seqs > 35 and 30 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   21. 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   22. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651: triton_prefill_fused.c16v64, 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   23. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021: triton_prefill_chunked.v64, 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   24. 533 < total_seq_len <= 1448 and num_seqs > 35 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.87x (2.33x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   25. 533 < total_seq_len <= 1448 and num_seqs > 35 and 45 < max_seq_len <= 157: triton_prefill_fused.c16v64, 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. 724 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and max_seq_len > 157: triton_prefill_chunked.v64, 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
+#   27. 1448 < total_seq_len <= 2896 and num_seqs > 35 and max_seq_len > 1355: triton_prefill_chunked.v64, 2 workloads, 1.74x (1.13x .. 2.69x) over vllm_flashinfer_prefill
+#   28. 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and max_seq_len <= 88: triton_prefill_fused.c16v64, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   29. 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and 88 < max_seq_len <= 362: triton_prefill_fused.c16v32, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+#   30. 1448 < total_seq_len <= 4205 and num_seqs > 35 and 362 < max_seq_len <= 1355: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   31. 1448 < total_seq_len <= 4205 and num_seqs > 90 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.94x (2.46x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
+#   32. 1448 < total_seq_len <= 4205 and num_seqs > 90 and 49 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
+#   33. 2896 < total_seq_len <= 4205 and num_seqs > 35 and max_seq_len > 1355: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
+#   34. total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   36. 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   37. 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 0 workloads
+#   38. total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.83x (1.78x .. 1.88x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   40. total_seq_len > 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   41. total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len <= 156: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len > 156: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   43. total_seq_len > 5947 and num_seqs > 35 and 90 < mean_seq_len <= 136: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
@@ -331,46 +339,49 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 5), 'num_seqs': (None, 51), 'total_seq_len': (None, 16)}, 'workloads': 2, 'speedup': (6.79, 11.67, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (5, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 16)}, 'workloads': 1, 'speedup': (6.73, 6.73, 6.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 51), 'total_seq_len': (None, 126)}, 'workloads': 3, 'speedup': (2.71, 3.74, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 51), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.61, 3.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 125), 'num_seqs': (51, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.22, 3.09, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 209), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 1021), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (2.55, 3.02, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, 415), 'num_seqs': (192, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (830, None), 'num_seqs': (51, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.13, 1.78, 2.69), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1021, 3452), 'num_seqs': (None, 51), 'total_seq_len': (None, 3465)}, 'workloads': 6, 'speedup': (2.14, 2.84, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (3452, 5267), 'num_seqs': (None, 51), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (None, 51), 'total_seq_len': (None, 11585)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (415, 830), 'num_seqs': (51, 90), 'total_seq_len': (None, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 415), 'num_seqs': (51, 192), 'total_seq_len': (None, 11585)}, 'workloads': 3, 'speedup': (1.35, 1.5, 1.66), 'fallbacks': ()},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (415, 830), 'num_seqs': (90, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 51), 'total_seq_len': (16, None)}, 'workloads': 3, 'speedup': (6.74, 9.08, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 51), 'total_seq_len': (126, None)}, 'workloads': 9, 'speedup': (3.58, 6.49, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'num_seqs': (51, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.26, 2.26, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 125), 'num_seqs': (51, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 51), 'total_seq_len': (181, 374)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 9, 'speedup': (1.88, 2.63, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (49, 125), 'mean_seq_len': (None, 11), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (11, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 2, 'speedup': (1.41, 2.35, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (45, 125), 'mean_seq_len': (11, None), 'num_seqs': (51, None), 'total_seq_len': (362, 2896)}, 'workloads': 2, 'speedup': (1.66, 2.44, 3.57), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 726), 'num_seqs': (None, 51), 'total_seq_len': (374, 2912)}, 'workloads': 23, 'speedup': (1.62, 4.46, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (726, 1021), 'num_seqs': (None, 51), 'total_seq_len': (374, 2912)}, 'workloads': 5, 'speedup': (2.05, 3.56, 4.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (125, 415), 'num_seqs': (192, None), 'total_seq_len': (724, 11585)}, 'workloads': 1, 'speedup': (1.39, 1.39, 1.39), 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 125), 'num_seqs': (51, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (830, 5420), 'num_seqs': (51, None), 'total_seq_len': (2896, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (51, None), 'total_seq_len': (2896, 11585)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 362), 'num_seqs': (None, 51), 'total_seq_len': (2912, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 1021), 'num_seqs': (None, 51), 'total_seq_len': (2912, None)}, 'workloads': 2, 'speedup': (1.78, 2.02, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 3452), 'num_seqs': (None, 51), 'total_seq_len': (3465, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (3452, 5267), 'num_seqs': (None, 51), 'total_seq_len': (5792, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 125), 'num_seqs': (51, None), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3452, None), 'num_seqs': (None, 51), 'total_seq_len': (11585, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (125, 5792), 'num_seqs': (51, 181), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'num_seqs': (51, 181), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (125, None), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (None, 5), 'num_seqs': (None, 35), 'total_seq_len': (None, 16)}, 'workloads': 2, 'speedup': (6.79, 11.67, 20.06), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (5, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 16)}, 'workloads': 1, 'speedup': (6.73, 6.73, 6.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (None, 102)}, 'workloads': 2, 'speedup': (2.71, 4.1, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.61, 3.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (35, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.26, 2.6, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 157), 'num_seqs': (35, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.22, 2.95, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 209), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 1021), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (2.55, 3.02, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (35, 90), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (90, 181), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (181, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (2.48, 3.0, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2563, 5420), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 35), 'total_seq_len': (16, None)}, 'workloads': 3, 'speedup': (6.74, 9.08, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (102, None)}, 'workloads': 9, 'speedup': (3.58, 6.49, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (181, 374)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 4, 'speedup': (1.88, 2.51, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 157), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (374, 2896)}, 'workloads': 6, 'speedup': (1.91, 3.17, 6.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 651), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 18, 'speedup': (1.77, 4.98, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (651, 1021), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (2.05, 3.67, 4.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (35, None), 'total_seq_len': (533, 1448)}, 'workloads': 4, 'speedup': (2.33, 2.87, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 157), 'num_seqs': (35, None), 'total_seq_len': (533, 1448)}, 'workloads': 1, 'speedup': (3.51, 3.51, 3.51), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (35, 90), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.86, 1.86, 1.86), 'fallbacks': ()},
+    {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (35, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.74, 2.69), 'fallbacks': ()},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 88), 'num_seqs': (35, 90), 'total_seq_len': (1448, 4205)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (88, 362), 'num_seqs': (35, 90), 'total_seq_len': (1448, 4205)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 1355), 'num_seqs': (35, None), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (90, None), 'total_seq_len': (1448, 4205)}, 'workloads': 2, 'speedup': (2.46, 2.94, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 362), 'num_seqs': (90, None), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (35, None), 'total_seq_len': (2896, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.29, 2.29, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 136), 'num_seqs': (35, None), 'total_seq_len': (4205, 5947)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 136), 'num_seqs': (35, None), 'total_seq_len': (4205, 5947)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (136, None), 'num_seqs': (35, None), 'total_seq_len': (4205, None)}, 'workloads': 2, 'speedup': (1.78, 1.83, 1.88), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (136, None), 'num_seqs': (35, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (None, 90), 'num_seqs': (35, None), 'total_seq_len': (5947, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (156, None), 'mean_seq_len': (None, 90), 'num_seqs': (35, None), 'total_seq_len': (5947, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, 136), 'num_seqs': (35, None), 'total_seq_len': (5947, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -533,125 +544,131 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 2 workloads, 11.67x (6.79x .. 20.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len <= 5 and max_seq_len <= 15:
+    if total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len <= 5 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 16 and num_seqs <= 51 and mean_seq_len > 5 and max_seq_len <= 15:
+    if total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 3 workloads, 3.74x (2.71x .. 6.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 126 and num_seqs <= 51 and 15 < max_seq_len <= 97:
+    # region 3: 2 workloads, 4.10x (2.71x .. 6.20x) over vllm_flashinfer_prefill
+    if total_seq_len <= 102 and num_seqs <= 35 and 15 < max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021:
+    if total_seq_len <= 181 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and max_seq_len <= 5:
+    # region 5: 2 workloads, 2.60x (2.26x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 35 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 2 workloads, 3.09x (2.22x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 51 and 5 < max_seq_len <= 125:
+    # region 6: 4 workloads, 2.95x (2.22x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs > 35 and 5 < max_seq_len <= 157:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill
     if total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 8: 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and num_seqs > 192 and 125 < max_seq_len <= 415:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 3 workloads, 1.78x (1.13x .. 2.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 51 and max_seq_len > 830:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and 35 < num_seqs <= 90 and max_seq_len > 157:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 157:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 157:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 13: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563:
         return 'triton_prefill_chunked.v64'
-    # region 11: 6 workloads, 2.84x (2.14x .. 3.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and num_seqs <= 51 and 3452 < max_seq_len <= 5267:
-        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 11585 and num_seqs <= 51 and max_seq_len > 5267:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 11585 and 51 < num_seqs <= 90 and 415 < max_seq_len <= 830:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 3 workloads, 1.50x (1.35x .. 1.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and 51 < num_seqs <= 192 and 125 < max_seq_len <= 415:
-        return 'triton_prefill_fused.c16v64'
-    # region 16: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs > 90 and 415 < max_seq_len <= 830:
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 17: 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 16 and num_seqs <= 51 and max_seq_len <= 15:
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 16: 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 126 and num_seqs <= 51 and 15 < max_seq_len <= 97:
+    # region 17: 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 19: 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 51 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and num_seqs > 51 and 9 < max_seq_len <= 125:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 21: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 374 and 2 < num_seqs <= 51 and 97 < max_seq_len <= 1021:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 9 workloads, 2.63x (1.88x .. 3.52x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and max_seq_len <= 49:
+    # region 18: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 19: 4 workloads, 2.51x (1.88x .. 3.16x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 35 and max_seq_len <= 30:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len <= 11 and 49 < max_seq_len <= 125:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 24: 2 workloads, 2.35x (1.41x .. 3.92x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 2 workloads, 2.44x (1.66x .. 3.57x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 2896 and num_seqs > 51 and mean_seq_len > 11 and 45 < max_seq_len <= 125:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 23 workloads, 4.46x (1.62x .. 19.31x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 2912 and num_seqs <= 51 and 97 < max_seq_len <= 726:
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 362 < total_seq_len <= 533 and num_seqs > 35 and 30 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 21: 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 5 workloads, 3.56x (2.05x .. 4.66x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 2912 and num_seqs <= 51 and 726 < max_seq_len <= 1021:
+    # region 23: 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 28: 1 workloads, 1.39x (1.39x .. 1.39x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 11585 and num_seqs > 192 and 125 < max_seq_len <= 415:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs > 51 and max_seq_len <= 125:
+    # region 24: 4 workloads, 2.87x (2.33x .. 3.92x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and num_seqs > 35 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and num_seqs > 35 and 45 < max_seq_len <= 157:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 26: 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and max_seq_len > 157:
+        return 'triton_prefill_chunked.v64'
+    # region 27: 2 workloads, 1.74x (1.13x .. 2.69x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and num_seqs > 35 and max_seq_len > 1355:
+        return 'triton_prefill_chunked.v64'
+    # region 28: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and max_seq_len <= 88:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and 88 < max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v32'
     # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 11585 and num_seqs > 51 and 830 < max_seq_len <= 5420:
+    if 1448 < total_seq_len <= 4205 and num_seqs > 35 and 362 < max_seq_len <= 1355:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2896 < total_seq_len <= 11585 and num_seqs > 51 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 2 workloads, 2.94x (2.46x .. 3.52x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 4205 and num_seqs > 90 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2912 and num_seqs <= 51 and 97 < max_seq_len <= 362:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 2 workloads, 2.02x (1.78x .. 2.29x) over vllm_flashinfer_prefill
-    if total_seq_len > 2912 and num_seqs <= 51 and 362 < max_seq_len <= 1021:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 51 and 1021 < max_seq_len <= 3452:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if 5792 < total_seq_len <= 11585 and num_seqs <= 51 and 3452 < max_seq_len <= 5267:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5792 and num_seqs > 51 and max_seq_len <= 125:
+    if 1448 < total_seq_len <= 4205 and num_seqs > 90 and 49 < max_seq_len <= 362:
         return 'triton_prefill_fused.c16v64'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs <= 51 and max_seq_len > 3452:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 11585 and 51 < num_seqs <= 181 and 125 < max_seq_len <= 5792:
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 4205 and num_seqs > 35 and max_seq_len > 1355:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 34: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 35: 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
+    if 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len <= 724:
+        return 'triton_prefill_fused.c16v64'
+    # region 38: 2 workloads, 1.83x (1.78x .. 1.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len <= 5792:
         return 'vllm_flashinfer_prefill.cp_off'
     # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and 51 < num_seqs <= 181 and max_seq_len > 5792:
+    if total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len > 5792:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and num_seqs > 181 and max_seq_len > 125:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len <= 156:
+        return 'triton_prefill_fused.c16v64'
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len > 156:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5947 and num_seqs > 35 and 90 < mean_seq_len <= 136:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -670,8 +687,8 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 724 < total_seq_len <= 11585 and num_seqs > 192 and 125 < max_seq_len <= 415:  # region 28
+    if 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len <= 724:  # region 36
         return True
-    if total_seq_len > 5792 and num_seqs > 51 and max_seq_len <= 125:  # region 36
+    if total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len <= 156:  # region 41
         return True
     return False

@@ -36,8 +36,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 14.90% mean, 334.84% max;
 #             1.127x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 21.25% mean, 194.36% max;
-#             1.509x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 46.36% mean, 659.08% max;
+#             1.399x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 48 and num_seqs <= 13: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.60x (1.45x .. 8.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 1448 and 13 < num_seqs <= 188: vllm_flashinfer_prefill.cp_off, 29 workloads, 1.08x (1.04x .. 1.13x) over vllm_flashinfer_prefill
@@ -47,16 +47,19 @@
 #   6. total_seq_len > 929 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 20 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   7. total_seq_len > 1448 and num_seqs > 13: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 120 and mean_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.42x (2.25x .. 8.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   2. total_seq_len <= 146 and 45 < mean_seq_len <= 237: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 399 and 2 < mean_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
-#   4. total_seq_len <= 5258 and 237 < mean_seq_len <= 323: triton_prefill_fused.c16v32, 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 5258 and mean_seq_len > 323: vllm_flashinfer_prefill.cp_off, 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 120 and mean_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 6 workloads, 2.04x (1.30x .. 3.27x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   7. 146 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237: triton_prefill_fused.c16v32, 19 workloads, 2.83x (1.20x .. 6.29x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 399 and 2 < mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   9. total_seq_len > 1448 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 5258 and mean_seq_len > 237: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 4 and mean_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 10.60x (8.65x .. 13.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 192 and num_seqs <= 8 and 6 < mean_seq_len <= 237: cuda_prefill_pool_rows.k16c8, 5 workloads, 4.31x (3.85x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 399 and num_seqs > 9 and 6 < mean_seq_len <= 11: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   4. total_seq_len <= 399 and num_seqs > 9 and 11 < mean_seq_len <= 237: cuda_prefill_pool_rows.k8c8, 4 workloads, 2.63x (1.75x .. 5.97x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32; engine plugins keep the engine's kernel (`hand_back`)
+#   5. total_seq_len <= 1704 and 237 < mean_seq_len <= 344: triton_prefill_chunked.v64, 4 workloads, 2.82x (1.85x .. 4.44x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 1704 and mean_seq_len > 344: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.93x (1.32x .. 3.08x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   7. 4 < total_seq_len <= 22 and mean_seq_len <= 6: cuda_prefill_pool_rows.k8c8, 3 workloads, 11.49x (4.62x .. 18.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   8. 22 < total_seq_len <= 181 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 5 workloads, 2.76x (1.83x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   9. total_seq_len > 181 and mean_seq_len <= 6: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. total_seq_len > 192 and num_seqs <= 9 and 6 < mean_seq_len <= 237: triton_prefill_fused.c16v32, 16 workloads, 3.06x (1.57x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   11. total_seq_len > 399 and num_seqs > 9 and 6 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   12. 1704 < total_seq_len <= 5258 and mean_seq_len > 237: vllm_flashinfer_prefill.cp_off, 8 workloads, 1.94x (1.29x .. 3.40x) over vllm_flashinfer_prefill
+#   13. total_seq_len > 5258 and mean_seq_len > 237: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -70,16 +73,19 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (None, 120)}, 'workloads': 3, 'speedup': (2.25, 4.42, 8.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (None, 146)}, 'workloads': 2, 'speedup': (3.85, 4.22, 4.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (None, 399)}, 'workloads': 18, 'speedup': (1.14, 3.39, 17.75), 'fallbacks': ()},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (237, 323), 'total_seq_len': (None, 5258)}, 'workloads': 7, 'speedup': (1.32, 2.64, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (323, None), 'total_seq_len': (None, 5258)}, 'workloads': 11, 'speedup': (1.29, 1.89, 3.08), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 2), 'total_seq_len': (120, None)}, 'workloads': 6, 'speedup': (1.3, 2.04, 3.27), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (146, 1448)}, 'workloads': 19, 'speedup': (1.2, 2.83, 6.29), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2, 45), 'total_seq_len': (399, None)}, 'workloads': 23, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (None, 4)}, 'workloads': 2, 'speedup': (8.65, 10.6, 13.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (6, 237), 'num_seqs': (None, 8), 'total_seq_len': (None, 192)}, 'workloads': 5, 'speedup': (3.85, 4.31, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 11), 'num_seqs': (9, None), 'total_seq_len': (None, 399)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (11, 237), 'num_seqs': (9, None), 'total_seq_len': (None, 399)}, 'workloads': 4, 'speedup': (1.75, 2.63, 5.97), 'fallbacks': ('triton_prefill_fused.c16v32',), 'hand_back': True},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'mean_seq_len': (237, 344), 'total_seq_len': (None, 1704)}, 'workloads': 4, 'speedup': (1.85, 2.82, 4.44), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (344, None), 'total_seq_len': (None, 1704)}, 'workloads': 6, 'speedup': (1.32, 1.93, 3.08), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (4, 22)}, 'workloads': 3, 'speedup': (4.62, 11.49, 18.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (22, 181)}, 'workloads': 5, 'speedup': (1.83, 2.76, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 6), 'total_seq_len': (181, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (6, 237), 'num_seqs': (None, 9), 'total_seq_len': (192, None)}, 'workloads': 16, 'speedup': (1.57, 3.06, 6.29), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (6, 237), 'num_seqs': (9, None), 'total_seq_len': (399, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (237, None), 'total_seq_len': (1704, 5258)}, 'workloads': 8, 'speedup': (1.29, 1.94, 3.4), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -115,37 +121,53 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 4.42x (2.25x .. 8.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 120 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 4.22x (3.85x .. 4.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 146 and 45 < mean_seq_len <= 237:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 18 workloads, 3.39x (1.14x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and 2 < mean_seq_len <= 45:
-        return 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 7 workloads, 2.64x (1.32x .. 6.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and 237 < mean_seq_len <= 323:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 11 workloads, 1.89x (1.29x .. 3.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and mean_seq_len > 323:
+    # region 1: 2 workloads, 10.60x (8.65x .. 13.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 4.31x (3.85x .. 5.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 192 and num_seqs <= 8 and 6 < mean_seq_len <= 237:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 399 and num_seqs > 9 and 6 < mean_seq_len <= 11:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 4 workloads, 2.63x (1.75x .. 5.97x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 399 and num_seqs > 9 and 11 < mean_seq_len <= 237:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 2.82x (1.85x .. 4.44x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and 237 < mean_seq_len <= 344:
+        return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
+    # region 6: 6 workloads, 1.93x (1.32x .. 3.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and mean_seq_len > 344:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 7: 3 workloads, 11.49x (4.62x .. 18.55x) over vllm_flashinfer_prefill
+    if 4 < total_seq_len <= 22 and mean_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 5 workloads, 2.76x (1.83x .. 7.59x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 181 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and mean_seq_len <= 6:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 16 workloads, 3.06x (1.57x .. 6.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 192 and num_seqs <= 9 and 6 < mean_seq_len <= 237:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 11: 30 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 399 and num_seqs > 9 and 6 < mean_seq_len <= 237:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 8 workloads, 1.94x (1.29x .. 3.40x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 5258 and mean_seq_len > 237:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 6: 6 workloads, 2.04x (1.30x .. 3.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 120 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 19 workloads, 2.83x (1.20x .. 6.29x) over vllm_flashinfer_prefill
-    if 146 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237:
-        return 'triton_prefill_fused.c16v32'
-    # region 8: 23 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 399 and 2 < mean_seq_len <= 45:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 45 < mean_seq_len <= 237:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 13: 15 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5258 and mean_seq_len > 237:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
+
+
+def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if total_seq_len <= 399 and num_seqs > 9 and 11 < mean_seq_len <= 237:  # region 4
+        return True
+    return False
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
@@ -155,8 +177,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.36% mean, 46.96% max;
 #             1.215x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.18% mean, 194.36% max;
-#             1.656x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.22% mean, 92.11% max;
+#             1.684x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 51 and 5 < num_seqs <= 40 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.91x (1.73x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 51 and 5 < num_seqs <= 40 and 11 < max_seq_len <= 17: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
@@ -198,46 +220,49 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   38. total_seq_len > 23170 and num_seqs <= 9 and 1491 < max_seq_len <= 7663: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 #   39. total_seq_len > 23170 and num_seqs <= 9 and max_seq_len > 7663: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 93 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 7 workloads, 8.28x (2.25x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   2. total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   4. total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 98: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.36x (4.10x .. 4.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242: triton_prefill_fused.c16v32, 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
-#   6. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8
-#   7. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615: triton_prefill_fused.c16v32, 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615: triton_prefill_chunked.v64, 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   10. total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627: vllm_flashinfer_prefill.cp_off, 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   11. total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   13. total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
-#   14. num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511: triton_prefill_fused.c16v32, 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   15. num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794: vllm_flashinfer_prefill.cp_off, 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
-#   16. num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047: triton_prefill_chunked.v64, 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   17. num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
-#   18. num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340: triton_prefill_fused.c16v64, 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   19. num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   20. num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222: triton_prefill_fused.c16v64, 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
-#   21. 93 < total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   22. 93 < total_seq_len <= 181 and mean_seq_len <= 45 and 6 < max_seq_len <= 29: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.29x (1.91x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132: triton_prefill_fused.c16v32, 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   24. total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29: cuda_prefill_pool_rows.k2c8, 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
-#   25. 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   26. 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 98: triton_prefill_fused.c16v64, 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   27. total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   28. total_seq_len > 362 and num_seqs > 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132: vllm_flashinfer_prefill (baseline), 0 workloads
-#   29. 724 < total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   30. 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8
-#   31. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 181: triton_prefill_fused.c16v64, 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   32. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and 181 < max_seq_len <= 617: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   33. 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   34. total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_pool_rows.k4c8; engine plugins keep the engine's kernel (`hand_back`)
-#   35. total_seq_len > 1448 and 11 < mean_seq_len <= 45 and 29 < max_seq_len <= 64: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, flashqla_chunk
-#   36. total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
-#   37. total_seq_len > 2232 and 45 < mean_seq_len <= 237: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   38. total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   39. total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   40. total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 181 and num_seqs <= 5 and 73 < max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.41x (3.85x .. 5.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and 8 < num_seqs <= 32 and max_seq_len <= 42: cuda_prefill_pool_rows.k16c8, 4 workloads, 3.65x (1.91x .. 7.59x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
+#   3. total_seq_len <= 181 and num_seqs > 32 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   4. total_seq_len <= 181 and num_seqs > 32 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.03x (1.83x .. 2.25x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 362 and 5 < num_seqs <= 8 and max_seq_len <= 132: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 929 and num_seqs <= 1 and 486 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 1 workloads, 3.08x (3.08x .. 3.08x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   8. total_seq_len <= 929 and 1 < num_seqs <= 8 and 486 < max_seq_len <= 755: triton_prefill_chunked.v64, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   10. num_seqs <= 5 and max_seq_len <= 73: cuda_prefill_pool_rows.k16c8, 6 workloads, 9.11x (3.96x .. 17.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. num_seqs <= 5 and 132 < max_seq_len <= 315: triton_prefill_fused.c16v32, 6 workloads, 3.27x (2.04x .. 6.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64
+#   12. num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 1914: triton_prefill_chunked.v64, 4 workloads, 1.90x (1.60x .. 2.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. num_seqs <= 8 and 315 < max_seq_len <= 486: triton_prefill_fused.c16v32, 4 workloads, 2.65x (1.70x .. 3.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. num_seqs <= 8 and 1914 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 3 workloads, 1.65x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+#   15. num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1914: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.85x (1.32x .. 2.57x) over vllm_flashinfer_prefill
+#   16. 5 < num_seqs <= 8 and 132 < max_seq_len <= 315: triton_prefill_fused.c16v64, 2 workloads, 4.02x (3.14x .. 5.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   17. 8 < num_seqs <= 13 and 104 < max_seq_len <= 233: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashqla_chunk
+#   18. 8 < num_seqs <= 32 and mean_seq_len <= 90 and max_seq_len > 947: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   19. 8 < num_seqs <= 32 and mean_seq_len <= 468 and 331 < max_seq_len <= 820: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   20. 8 < num_seqs <= 32 and mean_seq_len <= 468 and 820 < max_seq_len <= 947: triton_prefill_chunked.v64, 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   21. 8 < num_seqs <= 32 and 233 < max_seq_len <= 331: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   22. 8 < num_seqs <= 32 and mean_seq_len > 90 and 947 < max_seq_len <= 1455: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.94x (2.94x .. 2.94x) over vllm_flashinfer_prefill
+#   23. 8 < num_seqs <= 32 and mean_seq_len > 90 and max_seq_len > 1455: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashqla_chunk, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   24. 8 < num_seqs <= 32 and mean_seq_len > 468 and 331 < max_seq_len <= 947: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   25. 13 < num_seqs <= 22 and 104 < max_seq_len <= 197: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   26. 13 < num_seqs <= 22 and 197 < max_seq_len <= 233: triton_prefill_fused.c16v32, 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   27. 22 < num_seqs <= 32 and 104 < max_seq_len <= 233: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   28. 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   29. 181 < total_seq_len <= 557 and num_seqs > 32 and 22 < max_seq_len <= 90: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
+#   30. 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   31. total_seq_len > 181 and num_seqs <= 5 and 73 < max_seq_len <= 132: triton_prefill_fused.c16v32, 3 workloads, 4.72x (3.73x .. 6.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   32. total_seq_len > 181 and 8 < num_seqs <= 32 and max_seq_len <= 42: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.47x (1.88x .. 3.15x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   33. total_seq_len > 362 and 5 < num_seqs <= 8 and max_seq_len <= 132: triton_prefill_fused.c16v64, 2 workloads, 4.32x (3.38x .. 5.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   34. total_seq_len > 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104: triton_prefill_fused.c16v64, 1 workloads, 4.54x (4.54x .. 4.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   35. 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len <= 181: triton_prefill_fused.c16v64, 2 workloads, 1.47x (1.47x .. 1.48x) over vllm_flashinfer_prefill
+#   36. 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len > 181: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+#   37. 557 < total_seq_len <= 1448 and 90 < num_seqs <= 188 and max_seq_len > 90: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashqla_chunk
+#   38. 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.16x (1.66x .. 2.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
+#   39. 557 < total_seq_len <= 1448 and num_seqs > 188 and max_seq_len > 90: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.88x (2.88x .. 2.88x) over vllm_flashinfer_prefill's guarded call; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
+#   40. total_seq_len > 929 and num_seqs <= 8 and 486 < max_seq_len <= 755: vllm_flashinfer_prefill.cp_off, 3 workloads, 2.08x (2.02x .. 2.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   41. total_seq_len > 1448 and num_seqs > 32 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill
+#   42. total_seq_len > 1448 and num_seqs > 32 and max_seq_len > 21: vllm_flashinfer_prefill (baseline), 14 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   43. total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 40), 'total_seq_len': (None, 51)}, 'workloads': 2, 'speedup': (1.73, 1.91, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
@@ -282,46 +307,49 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 93)}, 'workloads': 7, 'speedup': (2.25, 8.28, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (3.85, 3.85, 3.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (29, 132), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.62, 2.74, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 98), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (4.1, 4.36, 4.63), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 242), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 6, 'speedup': (1.2, 2.54, 3.69), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (242, 315), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 615), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.7, 2.39, 3.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (615, None), 'mean_seq_len': (45, 237), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.85, 1.96, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, 627), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.38, 2.0, 2.88), 'fallbacks': (), 'hand_back': True},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (None, 5258)}, 'workloads': 2, 'speedup': (1.29, 1.59, 1.96), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (None, 10278)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (None, 19714)}, 'workloads': 2, 'speedup': (1.22, 1.89, 2.94), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 511), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 4, 'speedup': (2.82, 4.16, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (511, 1794), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 12, 'speedup': (1.32, 1.97, 3.08), 'fallbacks': ()},
-    {'region': 16, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1794, 2047), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.27, 2.27, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2047, 2304), 'mean_seq_len': (237, None), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 340), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 2, 'speedup': (1.3, 1.43, 1.58), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (340, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 222), 'mean_seq_len': (None, 45), 'num_seqs': (45, None)}, 'workloads': 3, 'speedup': (1.16, 1.51, 1.92), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 45), 'total_seq_len': (93, 181)}, 'workloads': 2, 'speedup': (2.05, 2.48, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (93, 181)}, 'workloads': 2, 'speedup': (1.91, 2.29, 2.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (98, 132), 'mean_seq_len': (45, 237), 'total_seq_len': (181, 1448)}, 'workloads': 4, 'speedup': (3.23, 4.3, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (None, 45), 'total_seq_len': (181, None)}, 'workloads': 12, 'speedup': (1.55, 2.29, 3.52), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'total_seq_len': (362, 724)}, 'workloads': 2, 'speedup': (1.39, 1.83, 2.42), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 98), 'mean_seq_len': (45, 237), 'total_seq_len': (362, 1448)}, 'workloads': 2, 'speedup': (4.54, 5.01, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 132), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'num_seqs': (None, 90), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 45), 'num_seqs': (90, None), 'total_seq_len': (724, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 1, 'speedup': (1.23, 1.23, 1.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, 617), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (617, None), 'mean_seq_len': (45, 237), 'total_seq_len': (1448, 2232)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',), 'hand_back': True},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (29, 64), 'mean_seq_len': (11, 45), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (222, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 237), 'total_seq_len': (2232, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'mean_seq_len': (237, None), 'total_seq_len': (5258, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (237, 460), 'num_seqs': (11, None), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 2304), 'mean_seq_len': (460, None), 'num_seqs': (11, None), 'total_seq_len': (19714, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (73, 132), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (3.85, 4.41, 5.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 42), 'num_seqs': (8, 32), 'total_seq_len': (None, 181)}, 'workloads': 4, 'speedup': (1.91, 3.65, 7.59), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.05, 2.48, 3.01), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'num_seqs': (32, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (1.83, 2.03, 2.25), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 132), 'num_seqs': (5, 8), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (42, 104), 'num_seqs': (8, 32), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (486, 755), 'num_seqs': (None, 1), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (3.08, 3.08, 3.08), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (486, 755), 'num_seqs': (1, 8), 'total_seq_len': (None, 929)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 4840)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 73), 'num_seqs': (None, 5)}, 'workloads': 6, 'speedup': (3.96, 9.11, 17.75), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (132, 315), 'num_seqs': (None, 5)}, 'workloads': 6, 'speedup': (2.04, 3.27, 6.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64')},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (755, 1914), 'mean_seq_len': (None, 362), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.6, 1.9, 2.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (315, 486), 'num_seqs': (None, 8)}, 'workloads': 4, 'speedup': (1.7, 2.65, 3.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1914, 2712), 'num_seqs': (None, 8)}, 'workloads': 3, 'speedup': (1.29, 1.65, 1.96), 'fallbacks': ()},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (755, 1914), 'mean_seq_len': (362, None), 'num_seqs': (None, 8)}, 'workloads': 6, 'speedup': (1.32, 1.85, 2.57), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (132, 315), 'num_seqs': (5, 8)}, 'workloads': 2, 'speedup': (3.14, 4.02, 5.14), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, 233), 'num_seqs': (8, 13)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (947, None), 'mean_seq_len': (None, 90), 'num_seqs': (8, 32)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (331, 820), 'mean_seq_len': (None, 468), 'num_seqs': (8, 32)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 20, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (820, 947), 'mean_seq_len': (None, 468), 'num_seqs': (8, 32)}, 'workloads': 1, 'speedup': (1.73, 1.73, 1.73), 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (233, 331), 'num_seqs': (8, 32)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (947, 1455), 'mean_seq_len': (90, None), 'num_seqs': (8, 32)}, 'workloads': 1, 'speedup': (2.94, 2.94, 2.94), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1455, None), 'mean_seq_len': (90, None), 'num_seqs': (8, 32)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (331, 947), 'mean_seq_len': (468, None), 'num_seqs': (8, 32)}, 'workloads': 1, 'speedup': (1.5, 1.5, 1.5), 'fallbacks': (), 'hand_back': True},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (104, 197), 'num_seqs': (13, 22)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (197, 233), 'num_seqs': (13, 22)}, 'workloads': 1, 'speedup': (3.12, 3.12, 3.12), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off'), 'hand_back': True},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (104, 233), 'num_seqs': (22, 32)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (32, None), 'total_seq_len': (181, 557)}, 'workloads': 6, 'speedup': (1.6, 2.38, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 90), 'num_seqs': (32, None), 'total_seq_len': (181, 557)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (32, None), 'total_seq_len': (181, 557)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (73, 132), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (3.73, 4.72, 6.29), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 42), 'num_seqs': (8, 32), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.88, 2.47, 3.15), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 132), 'num_seqs': (5, 8), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (3.38, 4.32, 5.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (42, 104), 'num_seqs': (8, 32), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (4.54, 4.54, 4.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 35, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 181), 'num_seqs': (32, 90), 'total_seq_len': (557, 1448)}, 'workloads': 2, 'speedup': (1.47, 1.47, 1.48), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (181, None), 'num_seqs': (32, 90), 'total_seq_len': (557, 1448)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (90, 188), 'total_seq_len': (557, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk')},
+    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (90, None), 'total_seq_len': (557, 1448)}, 'workloads': 2, 'speedup': (1.66, 2.16, 2.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (188, None), 'total_seq_len': (557, 1448)}, 'workloads': 1, 'speedup': (2.88, 2.88, 2.88), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64'), 'hand_back': True},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (486, 755), 'num_seqs': (None, 8), 'total_seq_len': (929, None)}, 'workloads': 3, 'speedup': (2.02, 2.08, 2.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 41, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (32, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.91, 1.91, 1.91), 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, None), 'num_seqs': (32, None), 'total_seq_len': (1448, None)}, 'workloads': 14, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'num_seqs': (None, 8), 'total_seq_len': (4840, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -441,123 +469,135 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 8.28x (2.25x .. 17.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and mean_seq_len <= 45 and max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 2.74x (1.62x .. 5.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and mean_seq_len <= 45 and 29 < max_seq_len <= 132:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 4.36x (4.10x .. 4.63x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 45 < mean_seq_len <= 237 and max_seq_len <= 98:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 6 workloads, 2.54x (1.20x .. 3.69x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 132 < max_seq_len <= 242:
-        return 'triton_prefill_fused.c16v32'
+    # region 1: 4 workloads, 4.41x (3.85x .. 5.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 5 and 73 < max_seq_len <= 132:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 3.65x (1.91x .. 7.59x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 8 < num_seqs <= 32 and max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 32 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 2 workloads, 2.03x (1.83x .. 2.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 32 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and 5 < num_seqs <= 8 and max_seq_len <= 132:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 242 < max_seq_len <= 315:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 3 workloads, 2.39x (1.70x .. 3.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 315 < max_seq_len <= 615:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 3 workloads, 1.96x (1.85x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len > 615:
+    if total_seq_len <= 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 7: 1 workloads, 3.08x (3.08x .. 3.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and num_seqs <= 1 and 486 < max_seq_len <= 755:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 929 and 1 < num_seqs <= 8 and 486 < max_seq_len <= 755:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_chunked.v64'
-    # region 9: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and 222 < max_seq_len <= 627:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 2 workloads, 2.00x (1.38x .. 2.88x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 4840 and num_seqs <= 8 and max_seq_len > 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, 1.59x (1.29x .. 1.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5258 and mean_seq_len > 237 and max_seq_len > 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 13: 2 workloads, 1.89x (1.22x .. 2.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 14: 4 workloads, 4.16x (2.82x .. 6.01x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len > 237 and max_seq_len <= 511:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 12 workloads, 1.97x (1.32x .. 3.08x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len > 237 and 511 < max_seq_len <= 1794:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 16: 1 workloads, 2.27x (2.27x .. 2.27x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len > 237 and 1794 < max_seq_len <= 2047:
+    # region 10: 6 workloads, 9.11x (3.96x .. 17.75x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and max_seq_len <= 73:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 11: 6 workloads, 3.27x (2.04x .. 6.01x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 132 < max_seq_len <= 315:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 4 workloads, 1.90x (1.60x .. 2.27x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len <= 362 and 755 < max_seq_len <= 1914:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 17: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len > 237 and 2047 < max_seq_len <= 2304:
+    # region 13: 4 workloads, 2.65x (1.70x .. 3.62x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 315 < max_seq_len <= 486:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 3 workloads, 1.65x (1.29x .. 1.96x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and 1914 < max_seq_len <= 2712:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 18: 2 workloads, 1.43x (1.30x .. 1.58x) over vllm_flashinfer_prefill
-    if num_seqs <= 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 340:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 340:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 3 workloads, 1.51x (1.16x .. 1.92x) over vllm_flashinfer_prefill
-    if num_seqs > 45 and mean_seq_len <= 45 and 132 < max_seq_len <= 222:
-        return 'triton_prefill_fused.c16v64'
-    # region 21: 2 workloads, 2.48x (2.05x .. 3.01x) over vllm_flashinfer_prefill
-    if 93 < total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 2 workloads, 2.29x (1.91x .. 2.74x) over vllm_flashinfer_prefill
-    if 93 < total_seq_len <= 181 and mean_seq_len <= 45 and 6 < max_seq_len <= 29:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 23: 4 workloads, 4.30x (3.23x .. 6.29x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and 98 < max_seq_len <= 132:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 24: 12 workloads, 2.29x (1.55x .. 3.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and mean_seq_len <= 45 and max_seq_len <= 29:
-        return 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 2 workloads, 1.83x (1.39x .. 2.42x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 724 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 2 workloads, 5.01x (4.54x .. 5.53x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 1448 and 45 < mean_seq_len <= 237 and max_seq_len <= 98:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and num_seqs <= 90 and mean_seq_len <= 45 and 64 < max_seq_len <= 132:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 1 workloads, 1.47x (1.47x .. 1.47x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1448 and num_seqs <= 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len <= 45 and 29 < max_seq_len <= 64:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 31: 1 workloads, 1.23x (1.23x .. 1.23x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len <= 181:
+    # region 15: 6 workloads, 1.85x (1.32x .. 2.57x) over vllm_flashinfer_prefill
+    if num_seqs <= 8 and mean_seq_len > 362 and 755 < max_seq_len <= 1914:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 2 workloads, 4.02x (3.14x .. 5.14x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 8 and 132 < max_seq_len <= 315:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 8 < num_seqs <= 13 and 104 < max_seq_len <= 233:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 8 < num_seqs <= 32 and mean_seq_len <= 90 and max_seq_len > 947:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 19: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 8 < num_seqs <= 32 and mean_seq_len <= 468 and 331 < max_seq_len <= 820:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 1 workloads, 1.73x (1.73x .. 1.73x) over vllm_flashinfer_prefill's guarded call
+    if 8 < num_seqs <= 32 and mean_seq_len <= 468 and 820 < max_seq_len <= 947:
+        return 'triton_prefill_chunked.v64'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 8 < num_seqs <= 32 and 233 < max_seq_len <= 331:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and 181 < max_seq_len <= 617:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 33: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 2232 and 45 < mean_seq_len <= 237 and max_seq_len > 617:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64:
+    # region 22: 1 workloads, 2.94x (2.94x .. 2.94x) over vllm_flashinfer_prefill
+    if 8 < num_seqs <= 32 and mean_seq_len > 90 and 947 < max_seq_len <= 1455:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 8 < num_seqs <= 32 and mean_seq_len > 90 and max_seq_len > 1455:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 1 workloads, 1.50x (1.50x .. 1.50x) over vllm_flashinfer_prefill's guarded call
+    if 8 < num_seqs <= 32 and mean_seq_len > 468 and 331 < max_seq_len <= 947:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 25: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if 13 < num_seqs <= 22 and 104 < max_seq_len <= 197:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 1 workloads, 3.12x (3.12x .. 3.12x) over vllm_flashinfer_prefill's guarded call
+    if 13 < num_seqs <= 22 and 197 < max_seq_len <= 233:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < num_seqs <= 32 and 104 < max_seq_len <= 233:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 28: 6 workloads, 2.38x (1.60x .. 3.52x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 557 and num_seqs > 32 and 22 < max_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 181 < total_seq_len <= 557 and num_seqs > 32 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 3 workloads, 4.72x (3.73x .. 6.29x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 5 and 73 < max_seq_len <= 132:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 32: 4 workloads, 2.47x (1.88x .. 3.15x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 8 < num_seqs <= 32 and max_seq_len <= 42:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 33: 2 workloads, 4.32x (3.38x .. 5.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 5 < num_seqs <= 8 and max_seq_len <= 132:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 1 workloads, 4.54x (4.54x .. 4.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 8 < num_seqs <= 32 and 42 < max_seq_len <= 104:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 35: 2 workloads, 1.47x (1.47x .. 1.48x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len <= 181:
+        return 'triton_prefill_fused.c16v64'
+    # region 36: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1448 and 32 < num_seqs <= 90 and max_seq_len > 181:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 557 < total_seq_len <= 1448 and 90 < num_seqs <= 188 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 2 workloads, 2.16x (1.66x .. 2.82x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 1448 and num_seqs > 90 and max_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 11 < mean_seq_len <= 45 and 29 < max_seq_len <= 64:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 222:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashqla_chunk') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2232 and 45 < mean_seq_len <= 237:
+    # region 39: 1 workloads, 2.88x (2.88x .. 2.88x) over vllm_flashinfer_prefill's guarded call
+    if 557 < total_seq_len <= 1448 and num_seqs > 188 and max_seq_len > 90:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 3 workloads, 2.08x (2.02x .. 2.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 929 and num_seqs <= 8 and 486 < max_seq_len <= 755:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 41: 1 workloads, 1.91x (1.91x .. 1.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 32 and max_seq_len <= 21:
+        return 'cuda_prefill_pool_rows.k2c8'
+    # region 42: 14 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 32 and max_seq_len > 21:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and mean_seq_len > 237 and max_seq_len > 2304:
+    # region 43: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4840 and num_seqs <= 8 and max_seq_len > 2712:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 10278 and num_seqs > 11 and 237 < mean_seq_len <= 460 and max_seq_len <= 2304:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 19714 and num_seqs > 11 and mean_seq_len > 460 and max_seq_len <= 2304:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -576,8 +616,12 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 1448 and num_seqs > 45 and mean_seq_len <= 45 and max_seq_len > 627:  # region 10
+    if 8 < num_seqs <= 32 and mean_seq_len <= 468 and 820 < max_seq_len <= 947:  # region 20
         return True
-    if total_seq_len > 1448 and mean_seq_len <= 11 and 29 < max_seq_len <= 64:  # region 34
+    if 8 < num_seqs <= 32 and mean_seq_len > 468 and 331 < max_seq_len <= 947:  # region 24
+        return True
+    if 13 < num_seqs <= 22 and 197 < max_seq_len <= 233:  # region 26
+        return True
+    if 557 < total_seq_len <= 1448 and num_seqs > 188 and max_seq_len > 90:  # region 39
         return True
     return False

@@ -35,8 +35,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 7.50% mean, 206.09% max;
 #             1.024x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 25.38% mean, 162.46% max;
-#             1.406x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 30.66% mean, 290.39% max;
+#             1.392x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 34 and num_seqs <= 17: cuda_prefill_pool_rows.k4c8, 5 workloads, 3.99x (1.73x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 238 and num_seqs > 17: cuda_prefill_pool_rows.k4c8, 6 workloads, 1.49x (1.32x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
@@ -47,18 +47,16 @@
 #   7. 238 < total_seq_len <= 2317 and num_seqs > 32 and mean_seq_len <= 90: vllm_flashinfer_prefill (baseline), 23 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 #   8. total_seq_len > 2317: vllm_flashinfer_prefill (baseline), 24 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 11 workloads, 2.27x (1.07x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   2. total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5: triton_prefill_fused.c16v32, 6 workloads, 1.67x (1.31x .. 2.39x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 1164 and num_seqs <= 4 and 462 < mean_seq_len <= 901: triton_prefill_fused.c16v32, 4 workloads, 2.98x (2.18x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8
-#   4. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill.cp_off, 3 workloads, 2.26x (1.76x .. 3.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   5. num_seqs <= 4 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.70x (3.12x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. num_seqs <= 4 and 90 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 12 workloads, 3.60x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   7. 280 < total_seq_len <= 771 and 4 < num_seqs <= 14: triton_prefill_fused.c16v32, 4 workloads, 1.38x (1.14x .. 1.64x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 4 workloads, 1.84x (1.47x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 39 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   10. total_seq_len > 771 and 4 < num_seqs <= 14: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   11. total_seq_len > 1164 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.04x (1.49x .. 2.88x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   12. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 111 and num_seqs > 4: cuda_prefill_pool_rows.k4c8, 4 workloads, 3.18x (2.11x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 1164 and num_seqs <= 4 and 462 < mean_seq_len <= 901: triton_prefill_fused.c16v32, 4 workloads, 2.98x (2.18x .. 3.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill.cp_off, 3 workloads, 2.26x (1.76x .. 3.40x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   4. num_seqs <= 4 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 10 workloads, 5.70x (3.12x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. num_seqs <= 4 and 90 < mean_seq_len <= 462: triton_prefill_fused.c16v32, 12 workloads, 3.60x (1.58x .. 7.39x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. 111 < total_seq_len <= 168 and num_seqs > 4: triton_prefill_fused.c16v64, 6 workloads, 1.59x (1.16x .. 2.57x) over vllm_flashinfer_prefill
+#   7. total_seq_len > 168 and num_seqs > 4 and mean_seq_len <= 3: cuda_prefill_pool_rows.k4c8, 5 workloads, 1.78x (1.47x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   8. total_seq_len > 168 and num_seqs > 4 and mean_seq_len > 3: vllm_flashinfer_prefill (baseline), 59 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   9. total_seq_len > 1164 and num_seqs <= 4 and 462 < mean_seq_len <= 901: vllm_flashinfer_prefill.cp_off, 4 workloads, 2.04x (1.49x .. 2.88x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -73,18 +71,16 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 11, 'speedup': (1.07, 2.27, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (4, None), 'total_seq_len': (None, 280)}, 'workloads': 6, 'speedup': (1.31, 1.67, 2.39), 'fallbacks': ()},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (None, 1164)}, 'workloads': 4, 'speedup': (2.18, 2.98, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 3, 'speedup': (1.76, 2.26, 3.4), 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4)}, 'workloads': 10, 'speedup': (3.12, 5.7, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 462), 'num_seqs': (None, 4)}, 'workloads': 12, 'speedup': (1.58, 3.6, 7.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (280, 771)}, 'workloads': 4, 'speedup': (1.14, 1.38, 1.64), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 4, 'speedup': (1.47, 1.84, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (14, None), 'total_seq_len': (280, None)}, 'workloads': 39, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (4, 14), 'total_seq_len': (771, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1164, None)}, 'workloads': 4, 'speedup': (1.49, 2.04, 2.88), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 111)}, 'workloads': 4, 'speedup': (2.11, 3.18, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (None, 1164)}, 'workloads': 4, 'speedup': (2.18, 2.98, 3.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 4876)}, 'workloads': 3, 'speedup': (1.76, 2.26, 3.4), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 4)}, 'workloads': 10, 'speedup': (3.12, 5.7, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 462), 'num_seqs': (None, 4)}, 'workloads': 12, 'speedup': (1.58, 3.6, 7.39), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (111, 168)}, 'workloads': 6, 'speedup': (1.16, 1.59, 2.57), 'fallbacks': ()},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (168, None)}, 'workloads': 5, 'speedup': (1.47, 1.78, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (168, None)}, 'workloads': 59, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (462, 901), 'num_seqs': (None, 4), 'total_seq_len': (1164, None)}, 'workloads': 4, 'speedup': (1.49, 2.04, 2.88), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (901, None), 'num_seqs': (None, 4), 'total_seq_len': (4876, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -123,40 +119,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 2.27x (1.07x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 1.67x (1.31x .. 2.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 280 and num_seqs > 4 and mean_seq_len > 5:
-        return 'triton_prefill_fused.c16v32'
-    # region 3: 4 workloads, 2.98x (2.18x .. 3.95x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 3.18x (2.11x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 111 and num_seqs > 4:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 4 workloads, 2.98x (2.18x .. 3.95x) over vllm_flashinfer_prefill
     if total_seq_len <= 1164 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 3 workloads, 2.26x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 3 workloads, 2.26x (1.76x .. 3.40x) over vllm_flashinfer_prefill
     if total_seq_len <= 4876 and num_seqs <= 4 and mean_seq_len > 901:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 10 workloads, 5.70x (3.12x .. 11.36x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 4: 10 workloads, 5.70x (3.12x .. 11.36x) over vllm_flashinfer_prefill
     if num_seqs <= 4 and mean_seq_len <= 90:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 12 workloads, 3.60x (1.58x .. 7.39x) over vllm_flashinfer_prefill
+    # region 5: 12 workloads, 3.60x (1.58x .. 7.39x) over vllm_flashinfer_prefill
     if num_seqs <= 4 and 90 < mean_seq_len <= 462:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 4 workloads, 1.38x (1.14x .. 1.64x) over vllm_flashinfer_prefill
-    if 280 < total_seq_len <= 771 and 4 < num_seqs <= 14:
-        return 'triton_prefill_fused.c16v32'
-    # region 8: 4 workloads, 1.84x (1.47x .. 2.39x) over vllm_flashinfer_prefill
-    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 39 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 280 and num_seqs > 14 and mean_seq_len > 3:
+        return ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 6 workloads, 1.59x (1.16x .. 2.57x) over vllm_flashinfer_prefill
+    if 111 < total_seq_len <= 168 and num_seqs > 4:
+        return 'triton_prefill_fused.c16v64'
+    # region 7: 5 workloads, 1.78x (1.47x .. 2.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and num_seqs > 4 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 59 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 168 and num_seqs > 4 and mean_seq_len > 3:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 771 and 4 < num_seqs <= 14:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 4 workloads, 2.04x (1.49x .. 2.88x) over vllm_flashinfer_prefill
+    # region 9: 4 workloads, 2.04x (1.49x .. 2.88x) over vllm_flashinfer_prefill
     if total_seq_len > 1164 and num_seqs <= 4 and 462 < mean_seq_len <= 901:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 5 workloads, the baseline; its stand-ins where it cannot run here
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 4876 and num_seqs <= 4 and mean_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -169,8 +159,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.10% mean, 42.60% max;
 #             1.140x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 16.59% mean, 432.13% max;
-#             1.523x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 16.31% mean, 432.13% max;
+#             1.527x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 63 and num_seqs <= 2 and mean_seq_len <= 5: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.29x (7.43x .. 9.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   2. total_seq_len <= 63 and num_seqs <= 8 and mean_seq_len > 5: triton_prefill_fused.c16v32, 2 workloads, 4.73x (3.98x .. 5.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
@@ -211,47 +201,41 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   37. total_seq_len > 5792 and 8 < num_seqs <= 23 and max_seq_len > 1253: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.12x (2.51x .. 3.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   2. total_seq_len <= 36 and num_seqs > 4 and max_seq_len > 3: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   2. total_seq_len <= 36 and num_seqs > 4 and 3 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 #   3. total_seq_len <= 90 and num_seqs <= 4 and max_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
 #   4. total_seq_len <= 90 and num_seqs <= 4 and 21 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 6.38x (6.38x .. 6.38x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v32, 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   6. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
-#   7. 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
-#   8. 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   9. 36 < total_seq_len <= 78 and 4 < num_seqs <= 25 and max_seq_len <= 22: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   10. 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len > 22: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   11. 36 < total_seq_len <= 78 and num_seqs > 25 and max_seq_len <= 22: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   12. 78 < total_seq_len <= 397 and 4 < num_seqs <= 22 and max_seq_len > 124: triton_prefill_fused.c16v32, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   13. 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 79: cuda_prefill_pool_rows.k4c8, 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   14. 78 < total_seq_len <= 397 and num_seqs > 4 and 79 < max_seq_len <= 124: cuda_prefill_pool_rows.k16c8, 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64
-#   15. 78 < total_seq_len <= 397 and num_seqs > 22 and max_seq_len > 124: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64
-#   16. 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: triton_prefill_fused.c16v64, 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   19. 397 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279: triton_prefill_fused.c16v32, 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
-#   20. 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85: triton_prefill_fused.c16v64, 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
-#   21. 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64
-#   22. 397 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   23. 397 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   24. 397 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   25. 397 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   26. 397 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279: cuda_prefill_pool_rows.k8c8, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
-#   27. 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   28. 545 < total_seq_len <= 3277 and num_seqs > 34 and mean_seq_len > 8 and max_seq_len <= 362: triton_prefill_fused.c16v64, 5 workloads, 1.46x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   29. 545 < total_seq_len <= 3277 and num_seqs > 49 and mean_seq_len > 8 and max_seq_len > 362: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 68: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   32. total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len <= 333: triton_prefill_fused.c16v64, 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   33. total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len > 333: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   34. total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   35. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   37. total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v64, 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   39. total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   40. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   41. total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   5. total_seq_len <= 397 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 157: triton_prefill_fused.c16v32, 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   6. total_seq_len <= 397 and num_seqs > 4 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   7. total_seq_len <= 397 and num_seqs > 22 and 104 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v32, 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill.cp_off, 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+#   10. 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+#   11. 2 < num_seqs <= 4 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   12. 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   13. 36 < total_seq_len <= 78 and num_seqs > 4 and 5 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   14. 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 104: cuda_prefill_pool_rows.k4c8, 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill
+#   15. 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: cuda_prefill_pool_rows.k16c8, 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   16. total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118: cuda_prefill_pool_rows.k8c8, 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   17. total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199: triton_prefill_fused.c16v64, 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   18. 397 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53: triton_prefill_fused.c16v64, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32
+#   19. 397 < total_seq_len <= 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.50x (2.50x .. 2.50x) over vllm_flashinfer_prefill
+#   20. total_seq_len > 397 and 4 < num_seqs <= 14 and 53 < max_seq_len <= 189: triton_prefill_fused.c16v64, 3 workloads, 1.80x (1.33x .. 2.62x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 397 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 476: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   22. total_seq_len > 397 and 4 < num_seqs <= 14 and 476 < max_seq_len <= 563: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   23. total_seq_len > 397 and 4 < num_seqs <= 14 and max_seq_len > 563: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   24. total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 53: cuda_prefill_pool_rows.k2c8, 8 workloads, 1.76x (1.43x .. 2.39x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 313: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   26. total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and max_seq_len > 313: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   27. total_seq_len > 397 and num_seqs > 14 and mean_seq_len <= 2 and max_seq_len > 53: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64
+#   28. total_seq_len > 397 and num_seqs > 14 and 8 < mean_seq_len <= 180 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   29. total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 181: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and max_seq_len > 181: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   31. 724 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686: triton_prefill_fused.c16v64, 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 1448 and 4 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 53: triton_prefill_fused.c16v64, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 53: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   35. total_seq_len > 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   36. total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (None, 2), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.43, 8.29, 9.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -295,47 +279,41 @@ REGIONS_HINTED = (
 
 REGIONS_HINTED_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 2, 'speedup': (2.51, 3.12, 3.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, None), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (3, 104), 'num_seqs': (4, None), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (None, 4), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (7.9, 9.5, 11.36), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (21, 199), 'num_seqs': (None, 4), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.38, 6.38, 6.38), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 724)}, 'workloads': 8, 'speedup': (2.67, 3.6, 5.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 5, 'speedup': (1.76, 2.37, 3.4), 'fallbacks': ()},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (2, 4)}, 'workloads': 5, 'speedup': (1.49, 1.81, 2.26), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (4, 25), 'total_seq_len': (36, 78)}, 'workloads': 1, 'speedup': (4.16, 4.16, 4.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (22, None), 'num_seqs': (4, None), 'total_seq_len': (36, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (25, None), 'total_seq_len': (36, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (124, None), 'num_seqs': (4, 22), 'total_seq_len': (78, 397)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 79), 'num_seqs': (4, None), 'total_seq_len': (78, 397)}, 'workloads': 12, 'speedup': (1.58, 2.08, 3.85), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (79, 124), 'num_seqs': (4, None), 'total_seq_len': (78, 397)}, 'workloads': 1, 'speedup': (1.84, 1.84, 1.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (124, None), 'num_seqs': (22, None), 'total_seq_len': (78, 397)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (3.92, 3.92, 3.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 118), 'num_seqs': (None, 4), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (3.52, 4.83, 6.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (4.38, 5.29, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (4, 22), 'total_seq_len': (397, 545)}, 'workloads': 3, 'speedup': (1.35, 1.52, 1.64), 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 85), 'num_seqs': (4, 45), 'total_seq_len': (397, 545)}, 'workloads': 2, 'speedup': (1.67, 1.87, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (85, 181), 'num_seqs': (4, 45), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (4, 90), 'total_seq_len': (397, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (279, None), 'num_seqs': (22, None), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.36, 1.36, 1.36), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 31), 'num_seqs': (45, None), 'total_seq_len': (397, 545)}, 'workloads': 4, 'speedup': (1.43, 1.93, 2.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (31, 181), 'num_seqs': (45, None), 'total_seq_len': (397, 545)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (181, 279), 'num_seqs': (90, None), 'total_seq_len': (397, 545)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
-    {'region': 27, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, None), 'num_seqs': (34, 49), 'total_seq_len': (545, 3277)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (8, None), 'num_seqs': (34, None), 'total_seq_len': (545, 3277)}, 'workloads': 5, 'speedup': (1.19, 1.46, 1.76), 'fallbacks': (), 'hand_back': True},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (8, None), 'num_seqs': (49, None), 'total_seq_len': (545, 3277)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (8, 53), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (53, 68), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 333), 'mean_seq_len': (68, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.71, 1.79, 1.86), 'fallbacks': (), 'hand_back': True},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (333, None), 'mean_seq_len': (68, 207), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (207, None), 'num_seqs': (4, 34), 'total_seq_len': (545, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 35, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 4, 'speedup': (1.45, 1.6, 1.95), 'fallbacks': ()},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (56, 627), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (627, None), 'mean_seq_len': (None, 8), 'num_seqs': (4, None), 'total_seq_len': (545, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (2.11, 3.37, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (34, 85), 'total_seq_len': (3277, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 16320), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (16320, None), 'mean_seq_len': (8, None), 'num_seqs': (85, None), 'total_seq_len': (3277, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 157), 'num_seqs': (4, 22), 'total_seq_len': (None, 397)}, 'workloads': 1, 'speedup': (1.9, 1.9, 1.9), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (4, None), 'total_seq_len': (None, 397)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (104, 157), 'num_seqs': (22, None), 'total_seq_len': (None, 397)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (None, 724)}, 'workloads': 8, 'speedup': (2.67, 3.6, 5.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 11585)}, 'workloads': 5, 'speedup': (1.76, 2.37, 3.4), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (686, 4399), 'num_seqs': (2, 4)}, 'workloads': 5, 'speedup': (1.49, 1.81, 2.26), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (4, None), 'total_seq_len': (36, 78)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 104), 'num_seqs': (4, None), 'total_seq_len': (36, 78)}, 'workloads': 1, 'speedup': (4.16, 4.16, 4.16), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (4, None), 'total_seq_len': (78, 397)}, 'workloads': 12, 'speedup': (1.58, 2.08, 3.85), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (90, 181)}, 'workloads': 1, 'speedup': (3.92, 3.92, 3.92), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 118), 'num_seqs': (None, 4), 'total_seq_len': (90, None)}, 'workloads': 4, 'speedup': (3.52, 4.83, 6.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (118, 199), 'num_seqs': (None, 4), 'total_seq_len': (181, None)}, 'workloads': 3, 'speedup': (4.38, 5.29, 7.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (397, 724)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (180, None), 'num_seqs': (14, None), 'total_seq_len': (397, 7643)}, 'workloads': 1, 'speedup': (2.5, 2.5, 2.5), 'fallbacks': ()},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, 189), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 3, 'speedup': (1.33, 1.8, 2.62), 'fallbacks': ()},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (189, 476), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (476, 563), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (563, None), 'num_seqs': (4, 14), 'total_seq_len': (397, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (None, 11), 'num_seqs': (4, None), 'total_seq_len': (397, None)}, 'workloads': 8, 'speedup': (1.43, 1.76, 2.39), 'fallbacks': ()},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, 313), 'mean_seq_len': (2, 8), 'num_seqs': (14, 181), 'total_seq_len': (397, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (313, None), 'mean_seq_len': (2, 8), 'num_seqs': (14, 181), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (None, 2), 'num_seqs': (14, None), 'total_seq_len': (397, None)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (8, 180), 'num_seqs': (14, None), 'total_seq_len': (397, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (53, 181), 'mean_seq_len': (2, 8), 'num_seqs': (181, None), 'total_seq_len': (397, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (181, None), 'mean_seq_len': (2, 8), 'num_seqs': (181, None), 'total_seq_len': (397, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (4, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (199, 686), 'num_seqs': (None, 4), 'total_seq_len': (724, None)}, 'workloads': 5, 'speedup': (2.11, 3.37, 4.64), 'fallbacks': ('triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (4, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 53), 'mean_seq_len': (11, None), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (53, None), 'mean_seq_len': (180, None), 'num_seqs': (14, None), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (686, None), 'num_seqs': (None, 2), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -462,7 +440,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 36 and num_seqs > 4 and max_seq_len <= 3:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 36 and num_seqs > 4 and max_seq_len > 3:
+    if total_seq_len <= 36 and num_seqs > 4 and 3 < max_seq_len <= 104:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 3: 3 workloads, 9.50x (7.90x .. 11.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 90 and num_seqs <= 4 and max_seq_len <= 21:
@@ -470,118 +448,100 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 1 workloads, 6.38x (6.38x .. 6.38x) over vllm_flashinfer_prefill
     if total_seq_len <= 90 and num_seqs <= 4 and 21 < max_seq_len <= 199:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill
+    # region 5: 1 workloads, 1.90x (1.90x .. 1.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 397 and 4 < num_seqs <= 22 and 104 < max_seq_len <= 157:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 397 and num_seqs > 4 and max_seq_len > 157:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 397 and num_seqs > 22 and 104 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 8 workloads, 3.60x (2.67x .. 5.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 5 workloads, 2.37x (1.76x .. 3.40x) over vllm_flashinfer_prefill
     if total_seq_len <= 11585 and num_seqs <= 2 and max_seq_len > 686:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 7: 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
+    # region 10: 5 workloads, 1.81x (1.49x .. 2.26x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 4 and 686 < max_seq_len <= 4399:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 2 < num_seqs <= 4 and max_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 78 and 4 < num_seqs <= 25 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len > 22:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if 36 < total_seq_len <= 78 and num_seqs > 25 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 12: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 397 and 4 < num_seqs <= 22 and max_seq_len > 124:
-        return 'triton_prefill_fused.c16v32'
-    # region 13: 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 79:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 14: 1 workloads, 1.84x (1.84x .. 1.84x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 397 and num_seqs > 4 and 79 < max_seq_len <= 124:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 15: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 397 and num_seqs > 22 and max_seq_len > 124:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 16: 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if 36 < total_seq_len <= 78 and num_seqs > 4 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 13: 1 workloads, 4.16x (4.16x .. 4.16x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 78 and num_seqs > 4 and 5 < max_seq_len <= 104:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 14: 12 workloads, 2.08x (1.58x .. 3.85x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 397 and num_seqs > 4 and max_seq_len <= 104:
+        return 'cuda_prefill_pool_rows.k4c8'
+    # region 15: 1 workloads, 3.92x (3.92x .. 3.92x) over vllm_flashinfer_prefill
     if 90 < total_seq_len <= 181 and num_seqs <= 4 and 118 < max_seq_len <= 199:
         return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 17: 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill
+    # region 16: 4 workloads, 4.83x (3.52x .. 6.32x) over vllm_flashinfer_prefill
     if total_seq_len > 90 and num_seqs <= 4 and max_seq_len <= 118:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill
+    # region 17: 3 workloads, 5.29x (4.38x .. 7.73x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs <= 4 and 118 < max_seq_len <= 199:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 3 workloads, 1.52x (1.35x .. 1.64x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 22 and max_seq_len > 279:
-        return 'triton_prefill_fused.c16v32'
-    # region 20: 2 workloads, 1.87x (1.67x .. 2.10x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and max_seq_len <= 85:
+    # region 18: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 724 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 45 and 85 < max_seq_len <= 181:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 19: 1 workloads, 2.50x (2.50x .. 2.50x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 3 workloads, 1.80x (1.33x .. 2.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and 4 < num_seqs <= 14 and 53 < max_seq_len <= 189:
+        return 'triton_prefill_fused.c16v64'
+    # region 21: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and 4 < num_seqs <= 14 and 189 < max_seq_len <= 476:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
     # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if 397 < total_seq_len <= 545 and 4 < num_seqs <= 90 and 181 < max_seq_len <= 279:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 1 workloads, 1.36x (1.36x .. 1.36x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 545 and num_seqs > 22 and max_seq_len > 279:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 24: 4 workloads, 1.93x (1.43x .. 2.39x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 397 < total_seq_len <= 545 and num_seqs > 45 and 31 < max_seq_len <= 181:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 26: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 545 and num_seqs > 90 and 181 < max_seq_len <= 279:
-        return ('cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:
-        return 'triton_prefill_fused.c16v32'
-    # region 28: 5 workloads, 1.46x (1.19x .. 1.76x) over vllm_flashinfer_prefill's guarded call
-    if 545 < total_seq_len <= 3277 and num_seqs > 34 and mean_seq_len > 8 and max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
-    # region 29: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 545 < total_seq_len <= 3277 and num_seqs > 49 and mean_seq_len > 8 and max_seq_len > 362:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 30: 1 workloads, 1.45x (1.45x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 8 < mean_seq_len <= 53:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 53 < mean_seq_len <= 68:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 32: 2 workloads, 1.79x (1.71x .. 1.86x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len <= 333:
-        return 'triton_prefill_fused.c16v64'
-    # region 33: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len > 333:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 34: 11 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and mean_seq_len > 207:
+    if total_seq_len > 397 and 4 < num_seqs <= 14 and 476 < max_seq_len <= 563:
+        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 23: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and 4 < num_seqs <= 14 and max_seq_len > 563:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 4 workloads, 1.60x (1.45x .. 1.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len <= 56:
+    # region 24: 8 workloads, 1.76x (1.43x .. 2.39x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and num_seqs > 4 and mean_seq_len <= 11 and max_seq_len <= 53:
         return 'cuda_prefill_pool_rows.k2c8'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and 56 < max_seq_len <= 627:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 545 and num_seqs > 4 and mean_seq_len <= 8 and max_seq_len > 627:
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 313:
+        return 'triton_prefill_fused.c16v64'
+    # region 26: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and max_seq_len > 313:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 27: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 397 and num_seqs > 14 and mean_seq_len <= 2 and max_seq_len > 53:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 28: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and num_seqs > 14 and 8 < mean_seq_len <= 180 and max_seq_len > 53:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 181:
+        return 'triton_prefill_fused.c16v64'
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and max_seq_len > 181:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53:
+        return 'triton_prefill_fused.c16v64'
+    # region 32: 5 workloads, 3.37x (2.11x .. 4.64x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs <= 4 and 199 < max_seq_len <= 686:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 39: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3277 and 34 < num_seqs <= 85 and mean_seq_len > 8:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len <= 16320:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 42: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 33: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and 4 < num_seqs <= 181 and mean_seq_len > 11 and max_seq_len <= 53:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 181 and mean_seq_len > 11 and max_seq_len <= 53:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs > 14 and mean_seq_len > 180 and max_seq_len > 53:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 11585 and num_seqs <= 2 and max_seq_len > 686:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -598,12 +558,10 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 545 < total_seq_len <= 3277 and 34 < num_seqs <= 49 and mean_seq_len > 8 and max_seq_len > 362:  # region 27
+    if total_seq_len > 397 and 14 < num_seqs <= 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 313:  # region 25
         return True
-    if 545 < total_seq_len <= 3277 and num_seqs > 34 and mean_seq_len > 8 and max_seq_len <= 362:  # region 28
+    if total_seq_len > 397 and num_seqs > 181 and 2 < mean_seq_len <= 8 and 53 < max_seq_len <= 181:  # region 29
         return True
-    if total_seq_len > 545 and 4 < num_seqs <= 34 and 68 < mean_seq_len <= 207 and max_seq_len <= 333:  # region 32
-        return True
-    if total_seq_len > 3277 and num_seqs > 85 and mean_seq_len > 8 and max_seq_len > 16320:  # region 41
+    if 724 < total_seq_len <= 1448 and num_seqs > 4 and mean_seq_len > 11 and max_seq_len <= 53:  # region 31
         return True
     return False

@@ -27,8 +27,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.03% mean, 21.59% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.48% mean, 74.38% max;
-#             1.212x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.22% mean, 74.38% max;
+#             1.218x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.37x (1.23x .. 1.52x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 1 < num_seqs <= 3: cuda_verify_rows.r4, 3 workloads, 1.24x (1.19x .. 1.34x) over sglang_verify's guarded call; then cuda_verify_rows.r2, cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
@@ -38,9 +38,9 @@
 #   1. num_seqs <= 1: cuda_verify_rows.r1, 3 workloads, 4.38x (3.50x .. 5.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r4
 #   2. 1 < num_seqs <= 3: cuda_verify_rows.r4, 3 workloads, 3.54x (3.19x .. 4.09x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
 #   3. 3 < num_seqs <= 16: cuda_verify_rows.r8, 5 workloads, 2.34x (1.73x .. 2.88x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
-#   4. 16 < num_seqs <= 68: cuda_verify_rows.r4, 4 workloads, 1.62x (1.19x .. 2.22x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   5. 68 < num_seqs <= 249: cuda_verify_rows.r8, 3 workloads, 1.17x (1.09x .. 1.21x) over sglang_verify
-#   6. num_seqs > 249: cuda_verify_rows.r4, 3 workloads, 1.18x (1.07x .. 1.34x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   4. 16 < num_seqs <= 48: cuda_verify_rows.r4, 3 workloads, 1.80x (1.61x .. 2.22x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   5. 48 < num_seqs <= 176: cuda_verify_rows.r8, 3 workloads, 1.19x (1.17x .. 1.21x) over sglang_verify
+#   6. num_seqs > 176: sglang_verify (baseline), 4 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -54,9 +54,9 @@ REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_verify_rows.r1', 'bounds': {'num_seqs': (None, 1)}, 'workloads': 3, 'speedup': (3.5, 4.38, 5.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4')},
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (1, 3)}, 'workloads': 3, 'speedup': (3.19, 3.54, 4.09), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
     {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (3, 16)}, 'workloads': 5, 'speedup': (1.73, 2.34, 2.88), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (16, 68)}, 'workloads': 4, 'speedup': (1.19, 1.62, 2.22), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (68, 249)}, 'workloads': 3, 'speedup': (1.09, 1.17, 1.21), 'fallbacks': ()},
-    {'region': 6, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (249, None)}, 'workloads': 3, 'speedup': (1.07, 1.18, 1.34), 'fallbacks': (), 'hand_back': True},
+    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (16, 48)}, 'workloads': 3, 'speedup': (1.61, 1.8, 2.22), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (48, 176)}, 'workloads': 3, 'speedup': (1.17, 1.19, 1.21), 'fallbacks': ()},
+    {'region': 6, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (176, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -90,15 +90,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
     # region 3: 5 workloads, 2.34x (1.73x .. 2.88x) over sglang_verify
     if 3 < num_seqs <= 16:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 4: 4 workloads, 1.62x (1.19x .. 2.22x) over sglang_verify
-    if 16 < num_seqs <= 68:
+    # region 4: 3 workloads, 1.80x (1.61x .. 2.22x) over sglang_verify
+    if 16 < num_seqs <= 48:
         return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    # region 5: 3 workloads, 1.17x (1.09x .. 1.21x) over sglang_verify
-    if 68 < num_seqs <= 249:
+    # region 5: 3 workloads, 1.19x (1.17x .. 1.21x) over sglang_verify
+    if 48 < num_seqs <= 176:
         return 'cuda_verify_rows.r8'
-    # region 6: 3 workloads, 1.18x (1.07x .. 1.34x) over sglang_verify's guarded call
-    if num_seqs > 249:
-        return 'cuda_verify_rows.r4'
+    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 176:
+        return ('sglang_verify', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 
@@ -108,11 +108,5 @@ def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows
     if 1 < num_seqs <= 3:  # region 2
         return True
     if 3 < num_seqs <= 25:  # region 3
-        return True
-    return False
-
-
-def hand_back_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
-    if num_seqs > 249:  # region 6
         return True
     return False

@@ -38,7 +38,7 @@
 #   2. num_seqs <= 11 and cache_steps > 4: cuda_verify_rows.r4, 3 workloads, 3.14x (2.37x .. 4.40x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r8
 #   3. 2 < num_seqs <= 11 and cache_steps <= 4: cuda_verify_rows.r8, 3 workloads, 3.85x (3.22x .. 4.65x) over sglang_verify; then cuda_verify_rows.r1, cuda_verify_rows.r4, cuda_verify_rows.r2
 #   4. 11 < num_seqs <= 44: cuda_verify_rows.r2, 3 workloads, 3.29x (2.38x .. 4.28x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r8
-#   5. num_seqs > 44: cuda_verify_rows.r8, 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   5. num_seqs > 44: cuda_verify_rows.r8, 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify; then cuda_verify_rows.r4
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -52,7 +52,7 @@ REGIONS_EAGER = (
     {'region': 2, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (None, 11)}, 'workloads': 3, 'speedup': (2.37, 3.14, 4.4), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
     {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (2, 11)}, 'workloads': 3, 'speedup': (3.22, 3.85, 4.65), 'fallbacks': ('cuda_verify_rows.r1', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
     {'region': 4, 'variant': 'cuda_verify_rows.r2', 'bounds': {'num_seqs': (11, 44)}, 'workloads': 3, 'speedup': (2.38, 3.29, 4.28), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8')},
-    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (44, None)}, 'workloads': 8, 'speedup': (1.2, 1.58, 1.92), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 5, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (44, None)}, 'workloads': 8, 'speedup': (1.2, 1.58, 1.92), 'fallbacks': ('cuda_verify_rows.r4',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -88,7 +88,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_ro
         return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r2'
     # region 5: 8 workloads, 1.58x (1.20x .. 1.92x) over sglang_verify
     if num_seqs > 44:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
     return 'sglang_verify'
 
 

@@ -27,17 +27,16 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.25% mean, 33.93% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 6.88% mean, 50.86% max;
-#             1.557x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.86% mean, 55.68% max;
+#             1.418x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 3: cuda_verify_rows.r2, 5 workloads, 1.48x (1.37x .. 1.62x) over sglang_verify's guarded call; then cuda_verify_rows.r4, cuda_verify_rows.r1; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 3 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.12x (1.04x .. 1.19x) over sglang_verify's guarded call; then cuda_verify_rows.r8; engine plugins keep the engine's kernel (`hand_back`)
 #   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 14 and cache_steps <= 3: cuda_verify_rows.r2, 3 workloads, 2.86x (2.46x .. 3.44x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r1
-#   2. num_seqs <= 14 and cache_steps > 3: cuda_verify_rows.r8, 6 workloads, 3.48x (2.71x .. 5.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r1, cuda_verify_rows.r2
-#   3. num_seqs > 14 and cache_steps <= 4: cuda_verify_rows.r8, 8 workloads, 1.77x (1.21x .. 2.99x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
-#   4. num_seqs > 14 and cache_steps > 4: cuda_verify_rows.r4, 3 workloads, 1.40x (1.07x .. 2.02x) over sglang_verify; then cuda_verify_rows.r8
+#   1. num_seqs <= 140 and cache_steps > 3: cuda_verify_rows.r8, 12 workloads, 2.67x (1.50x .. 5.40x) over sglang_verify; then cuda_verify_rows.r4, cuda_verify_rows.r2
+#   2. cache_steps <= 3: cuda_verify_rows.r8, 5 workloads, 2.17x (1.43x .. 3.21x) over sglang_verify; then cuda_verify_rows.r2, cuda_verify_rows.r4
+#   3. num_seqs > 140 and cache_steps > 3: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r4, cuda_verify_rows.r8, cuda_verify_rows.r2, cuda_verify_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -47,10 +46,9 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r2', 'bounds': {'cache_steps': (None, 3), 'num_seqs': (None, 14)}, 'workloads': 3, 'speedup': (2.46, 2.86, 3.44), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 14)}, 'workloads': 6, 'speedup': (2.71, 3.48, 5.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2')},
-    {'region': 3, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 4), 'num_seqs': (14, None)}, 'workloads': 8, 'speedup': (1.21, 1.77, 2.99), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
-    {'region': 4, 'variant': 'cuda_verify_rows.r4', 'bounds': {'cache_steps': (4, None), 'num_seqs': (14, None)}, 'workloads': 3, 'speedup': (1.07, 1.4, 2.02), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (3, None), 'num_seqs': (None, 140)}, 'workloads': 12, 'speedup': (1.5, 2.67, 5.4), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r2')},
+    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'cache_steps': (None, 3)}, 'workloads': 5, 'speedup': (1.43, 2.17, 3.21), 'fallbacks': ('cuda_verify_rows.r2', 'cuda_verify_rows.r4')},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'cache_steps': (3, None), 'num_seqs': (140, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -72,18 +70,15 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 2.86x (2.46x .. 3.44x) over sglang_verify
-    if num_seqs <= 14 and cache_steps <= 3:
-        return ('cuda_verify_rows.r2', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r1') if inside else 'cuda_verify_rows.r2'
-    # region 2: 6 workloads, 3.48x (2.71x .. 5.40x) over sglang_verify
-    if num_seqs <= 14 and cache_steps > 3:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r1', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 3: 8 workloads, 1.77x (1.21x .. 2.99x) over sglang_verify
-    if num_seqs > 14 and cache_steps <= 4:
+    # region 1: 12 workloads, 2.67x (1.50x .. 5.40x) over sglang_verify
+    if num_seqs <= 140 and cache_steps > 3:
         return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r8'
-    # region 4: 3 workloads, 1.40x (1.07x .. 2.02x) over sglang_verify
-    if num_seqs > 14 and cache_steps > 4:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 2: 5 workloads, 2.17x (1.43x .. 3.21x) over sglang_verify
+    if cache_steps <= 3:
+        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 140 and cache_steps > 3:
+        return ('sglang_verify', 'cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 

@@ -53,11 +53,11 @@
 #   5. 63 < seq_len <= 1112: triton_grouped_m32q.fr, 7 workloads, 1.32x (1.21x .. 1.50x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, deepgemm_fused_bound, triton_grouped_m16.fr
 #   6. seq_len > 1112: deepgemm_fused_bound, 11 workloads, 2.61x (1.81x .. 3.11x) over sglang_triton_moe; then triton_grouped_m64q.fr, triton_grouped_m64.fr
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, deepgemm_fused, deepgemm_fused_bound
-#   2. 3 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_decode.n32s8, deepgemm_fused
+#   1. seq_len <= 3: triton_decode.n128s8, 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe; then triton_decode.n64s4, triton_decode.n64s8, triton_decode.n32s8, triton_decode.n64s4q, triton_decode.n64s8q, triton_decode.n128s8q, triton_grouped_m16.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, deepgemm_fused_bound
+#   2. 3 < seq_len <= 40: triton_decode.n128s8q, 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe; then triton_decode.n64s4q, triton_decode.n128s8, triton_decode.n64s4, triton_decode.n64s8q, triton_decode.n64s8, triton_grouped_m16.fr, triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
 #   3. 40 < seq_len <= 56: triton_grouped_m32q.fr, 5 workloads, 2.13x (2.07x .. 2.24x) over sglang_triton_moe; then triton_grouped_m16.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr
-#   4. 56 < seq_len <= 63: triton_grouped_m16.fr, 4 workloads, 2.29x (2.17x .. 2.43x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound, deepgemm_fused
-#   5. 63 < seq_len <= 1874: triton_grouped_m32q.fr, 7 workloads, 2.44x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr, deepgemm_fused
+#   4. 56 < seq_len <= 63: triton_grouped_m16.fr, 4 workloads, 2.29x (2.17x .. 2.43x) over sglang_triton_moe; then triton_grouped_m32q.fr, triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m64.fr, deepgemm_fused_bound
+#   5. 63 < seq_len <= 1874: triton_grouped_m32q.fr, 7 workloads, 2.44x (2.00x .. 3.35x) over sglang_triton_moe; then triton_grouped_m32.fr, triton_grouped_m64q.fr, triton_grouped_m16.fr, triton_grouped_m64.fr
 #   6. seq_len > 1874: deepgemm_fused_bound, 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe; then deepgemm_fused, triton_grouped_m64q.fr, triton_grouped_m64.fr
 # measured    1 <= seq_len <= 32768
 
@@ -71,11 +71,11 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound')},
-    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused')},
+    {'region': 1, 'variant': 'triton_decode.n128s8', 'bounds': {'seq_len': (None, 3)}, 'workloads': 3, 'speedup': (4.77, 5.13, 5.37), 'fallbacks': ('triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound')},
+    {'region': 2, 'variant': 'triton_decode.n128s8q', 'bounds': {'seq_len': (3, 40)}, 'workloads': 9, 'speedup': (2.62, 3.85, 5.27), 'fallbacks': ('triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
     {'region': 3, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (40, 56)}, 'workloads': 5, 'speedup': (2.07, 2.13, 2.24), 'fallbacks': ('triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
-    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 63)}, 'workloads': 4, 'speedup': (2.17, 2.29, 2.43), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused')},
-    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 1874)}, 'workloads': 7, 'speedup': (2.0, 2.44, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused')},
+    {'region': 4, 'variant': 'triton_grouped_m16.fr', 'bounds': {'seq_len': (56, 63)}, 'workloads': 4, 'speedup': (2.17, 2.29, 2.43), 'fallbacks': ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound')},
+    {'region': 5, 'variant': 'triton_grouped_m32q.fr', 'bounds': {'seq_len': (63, 1874)}, 'workloads': 7, 'speedup': (2.0, 2.44, 3.35), 'fallbacks': ('triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr')},
     {'region': 6, 'variant': 'deepgemm_fused_bound', 'bounds': {'seq_len': (1874, None)}, 'workloads': 11, 'speedup': (2.76, 3.04, 3.35), 'fallbacks': ('deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr')},
 )
 
@@ -109,19 +109,19 @@ def route_eager(seq_len):
     inside = 1 <= seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 3 workloads, 5.13x (4.77x .. 5.37x) over sglang_triton_moe
     if seq_len <= 3:
-        return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s8'
+        return ('triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8', 'triton_decode.n32s8', 'triton_decode.n64s4q', 'triton_decode.n64s8q', 'triton_decode.n128s8q', 'triton_grouped_m16.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'deepgemm_fused_bound') if inside else 'triton_decode.n128s8'
     # region 2: 9 workloads, 3.85x (2.62x .. 5.27x) over sglang_triton_moe
     if 3 < seq_len <= 40:
-        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'triton_decode.n32s8', 'deepgemm_fused') if inside else 'triton_decode.n128s8q'
+        return ('triton_decode.n128s8q', 'triton_decode.n64s4q', 'triton_decode.n128s8', 'triton_decode.n64s4', 'triton_decode.n64s8q', 'triton_decode.n64s8', 'triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_decode.n128s8q'
     # region 3: 5 workloads, 2.13x (2.07x .. 2.24x) over sglang_triton_moe
     if 40 < seq_len <= 56:
         return ('triton_grouped_m32q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
     # region 4: 4 workloads, 2.29x (2.17x .. 2.43x) over sglang_triton_moe
     if 56 < seq_len <= 63:
-        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound', 'deepgemm_fused') if inside else 'triton_grouped_m16.fr'
+        return ('triton_grouped_m16.fr', 'triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr', 'deepgemm_fused_bound') if inside else 'triton_grouped_m16.fr'
     # region 5: 7 workloads, 2.44x (2.00x .. 3.35x) over sglang_triton_moe
     if 63 < seq_len <= 1874:
-        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr', 'deepgemm_fused') if inside else 'triton_grouped_m32q.fr'
+        return ('triton_grouped_m32q.fr', 'triton_grouped_m32.fr', 'triton_grouped_m64q.fr', 'triton_grouped_m16.fr', 'triton_grouped_m64.fr') if inside else 'triton_grouped_m32q.fr'
     # region 6: 11 workloads, 3.04x (2.76x .. 3.35x) over sglang_triton_moe
     if seq_len > 1874:
         return ('deepgemm_fused_bound', 'deepgemm_fused', 'triton_grouped_m64q.fr', 'triton_grouped_m64.fr') if inside else 'deepgemm_fused_bound'

@@ -50,7 +50,7 @@
 #   6. num_tokens > 1388: triton_splitk.b64s1, 7 workloads, 1.08x (1.03x .. 1.12x) over flashmla_sparse
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. num_tokens <= 37: cuda_splitk.s16, 35 workloads, 3.76x (2.33x .. 4.06x) over flashmla_sparse; then cuda_splitk.s8, triton_splitk.b64s16, cuda_splitk.s4, triton_splitk.b64s4, cuda_splitk.s2
-#   2. 37 < num_tokens <= 168: triton_splitk.b64s4, 5 workloads, 2.03x (1.55x .. 2.61x) over flashmla_sparse; then cuda_splitk.s2, cuda_splitk.s4, cuda_splitk.s1, triton_splitk.b64s1
+#   2. 37 < num_tokens <= 168: triton_splitk.b64s4, 5 workloads, 2.03x (1.55x .. 2.61x) over flashmla_sparse
 #   3. 168 < num_tokens <= 1388: triton_splitk.b64s1, 8 workloads, 1.31x (1.12x .. 1.54x) over flashmla_sparse
 #   4. 1388 < num_tokens <= 3150: flashmla_sparse (baseline), 3 workloads; where it cannot run here, triton_splitk.b64s1, cuda_splitk.s1
 #   5. num_tokens > 3150: triton_splitk.b64s1, 4 workloads, 1.08x (1.07x .. 1.09x) over flashmla_sparse
@@ -67,7 +67,7 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_splitk.s16', 'bounds': {'num_tokens': (None, 37)}, 'workloads': 35, 'speedup': (2.33, 3.76, 4.06), 'fallbacks': ('cuda_splitk.s8', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2')},
-    {'region': 2, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (37, 168)}, 'workloads': 5, 'speedup': (1.55, 2.03, 2.61), 'fallbacks': ('cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1')},
+    {'region': 2, 'variant': 'triton_splitk.b64s4', 'bounds': {'num_tokens': (37, 168)}, 'workloads': 5, 'speedup': (1.55, 2.03, 2.61), 'fallbacks': ()},
     {'region': 3, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (168, 1388)}, 'workloads': 8, 'speedup': (1.12, 1.31, 1.54), 'fallbacks': ()},
     {'region': 4, 'variant': 'flashmla_sparse', 'bounds': {'num_tokens': (1388, 3150)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_splitk.b64s1', 'cuda_splitk.s1')},
     {'region': 5, 'variant': 'triton_splitk.b64s1', 'bounds': {'num_tokens': (3150, None)}, 'workloads': 4, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ()},
@@ -106,7 +106,7 @@ def route_eager(num_tokens, num_pages):
         return ('cuda_splitk.s16', 'cuda_splitk.s8', 'triton_splitk.b64s16', 'cuda_splitk.s4', 'triton_splitk.b64s4', 'cuda_splitk.s2') if inside else 'cuda_splitk.s16'
     # region 2: 5 workloads, 2.03x (1.55x .. 2.61x) over flashmla_sparse
     if 37 < num_tokens <= 168:
-        return ('triton_splitk.b64s4', 'cuda_splitk.s2', 'cuda_splitk.s4', 'cuda_splitk.s1', 'triton_splitk.b64s1') if inside else 'triton_splitk.b64s4'
+        return 'triton_splitk.b64s4'
     # region 3: 8 workloads, 1.31x (1.12x .. 1.54x) over flashmla_sparse
     if 168 < num_tokens <= 1388:
         return 'triton_splitk.b64s1'

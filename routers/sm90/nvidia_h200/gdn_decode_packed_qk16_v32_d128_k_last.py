@@ -53,8 +53,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.26% mean, 7.35% max;
 #             1.016x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 0.98% mean, 4.04% max;
-#             1.570x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.73% mean, 41.65% max;
+#             1.470x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 3: cuda_decode_pool_rows.r4cs, 3 workloads, 1.65x (1.53x .. 1.80x) over sglang_packed_decode; then cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r8, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r16cs, triton_decode_pool.v32w1cs, cuda_decode_pool_rows.r16, triton_decode_pool.v32w2, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v16w1cs
 #   2. 3 < batch_size <= 7: cuda_decode_pool_rows.r8cs, 3 workloads, 1.29x (1.10x .. 1.44x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r2cs, triton_decode_pool.v32w1cs, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs
@@ -62,7 +62,8 @@
 #   4. batch_size > 56: sglang_packed_decode (baseline), 9 workloads; where it cannot run here, triton_decode_pool.v32w1, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r8, triton_decode_pool.v32w2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r2cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. batch_size <= 15: cuda_decode_pool_rows.r2, 9 workloads, 2.96x (2.40x .. 3.31x) over sglang_packed_decode; then cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1, cuda_decode_pool_rows.r32cs, triton_decode_pool.v32w1cs, triton_decode_pool.v8w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w1, triton_decode_pool.v32w2, triton_decode_pool.v16w1cs
-#   2. batch_size > 15: cuda_decode_pool_rows.r8, 14 workloads, 1.69x (1.04x .. 2.98x) over sglang_packed_decode; then triton_decode_pool.v32w1
+#   2. 15 < batch_size <= 245: cuda_decode_pool_rows.r8, 11 workloads, 1.90x (1.28x .. 2.98x) over sglang_packed_decode; then cuda_decode_pool_rows.r4, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r16cs, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, triton_decode_pool.v32w2
+#   3. batch_size > 245: sglang_packed_decode (baseline), 3 workloads; where it cannot run here, triton_decode_pool.v32w1, cuda_decode_pool_rows.r8, cuda_decode_pool_rows.r16, cuda_decode_pool_rows.r4, triton_decode_pool.v32w2, triton_decode_pool.v8w1cs, triton_decode_pool.v32w1cs, triton_decode_pool.v16w2cs, cuda_decode_pool_rows.r16cs, cuda_decode_pool_rows.r2, cuda_decode_pool_rows.r8cs, cuda_decode_pool_rows.r4cs, cuda_decode_pool_rows.r32cs, cuda_decode_pool_rows.r2cs, triton_decode_pool.v16w1cs, cuda_decode_pool_rows.r1cs, cuda_decode_pool_rows.r1
 # measured    1 <= batch_size <= 512
 
 REGIONS = (
@@ -74,7 +75,8 @@ REGIONS = (
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_decode_pool_rows.r2', 'bounds': {'batch_size': (None, 15)}, 'workloads': 9, 'speedup': (2.4, 2.96, 3.31), 'fallbacks': ('cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs')},
-    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (15, None)}, 'workloads': 14, 'speedup': (1.04, 1.69, 2.98), 'fallbacks': ('triton_decode_pool.v32w1',)},
+    {'region': 2, 'variant': 'cuda_decode_pool_rows.r8', 'bounds': {'batch_size': (15, 245)}, 'workloads': 11, 'speedup': (1.28, 1.9, 2.98), 'fallbacks': ('cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2')},
+    {'region': 3, 'variant': 'sglang_packed_decode', 'bounds': {'batch_size': (245, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1')},
 )
 
 MEASURED = {'batch_size': (1, 512)}  # feature -> (min, max) over the tuned workloads
@@ -102,7 +104,10 @@ def route_eager(batch_size, num_slots):
     # region 1: 9 workloads, 2.96x (2.40x .. 3.31x) over sglang_packed_decode
     if batch_size <= 15:
         return ('cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1', 'cuda_decode_pool_rows.r32cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w2', 'triton_decode_pool.v16w1cs') if inside else 'cuda_decode_pool_rows.r2'
-    # region 2: 14 workloads, 1.69x (1.04x .. 2.98x) over sglang_packed_decode
-    if batch_size > 15:
-        return ('cuda_decode_pool_rows.r8', 'triton_decode_pool.v32w1') if inside else 'cuda_decode_pool_rows.r8'
+    # region 2: 11 workloads, 1.90x (1.28x .. 2.98x) over sglang_packed_decode
+    if 15 < batch_size <= 245:
+        return ('cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r4', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r16cs', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'triton_decode_pool.v32w2') if inside else 'cuda_decode_pool_rows.r8'
+    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 245:
+        return ('sglang_packed_decode', 'triton_decode_pool.v32w1', 'cuda_decode_pool_rows.r8', 'cuda_decode_pool_rows.r16', 'cuda_decode_pool_rows.r4', 'triton_decode_pool.v32w2', 'triton_decode_pool.v8w1cs', 'triton_decode_pool.v32w1cs', 'triton_decode_pool.v16w2cs', 'cuda_decode_pool_rows.r16cs', 'cuda_decode_pool_rows.r2', 'cuda_decode_pool_rows.r8cs', 'cuda_decode_pool_rows.r4cs', 'cuda_decode_pool_rows.r32cs', 'cuda_decode_pool_rows.r2cs', 'triton_decode_pool.v16w1cs', 'cuda_decode_pool_rows.r1cs', 'cuda_decode_pool_rows.r1') if inside else 'sglang_packed_decode'
     return 'sglang_packed_decode'

@@ -37,8 +37,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 0.35% mean, 8.64% max;
 #             1.077x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 1.43% mean, 15.56% max;
-#             1.954x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.10% mean, 23.69% max;
+#             1.915x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. batch_size <= 2: cuda_decode_warp_rows.r1cs, 12 workloads, 2.01x (1.95x .. 2.02x) over flashinfer; then cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4cs, triton_decode_splitv, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8
 #   2. 2 < batch_size <= 13: cuda_decode_warp_rows.r2cs, 24 workloads, 1.66x (1.42x .. 1.84x) over flashinfer; then cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r1, triton_decode_splitv
@@ -46,8 +46,10 @@
 #   4. 45 < batch_size <= 384: cuda_decode_warp_rows.r2cs, 32 workloads, 1.10x (1.03x .. 1.15x) over flashinfer
 #   5. batch_size > 384: flashinfer (baseline), 8 workloads; where it cannot run here, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. batch_size <= 45: cuda_decode_warp_rows.r8, 59 workloads, 2.66x (2.15x .. 3.71x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
-#   2. batch_size > 45: cuda_decode_warp_rows.r2, 40 workloads, 1.79x (1.10x .. 2.93x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs
+#   1. batch_size <= 53: cuda_decode_warp_rows.r8, 67 workloads, 2.60x (1.97x .. 3.71x) over flashinfer; then cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs
+#   2. 53 < batch_size <= 140: cuda_decode_warp_rows.r4, 16 workloads, 2.09x (1.75x .. 2.56x) over flashinfer; then cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1
+#   3. 140 < batch_size <= 703: cuda_decode_warp_rows.r2, 13 workloads, 1.42x (1.24x .. 1.61x) over flashinfer; then cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs
+#   4. batch_size > 703: flashinfer (baseline), 3 workloads; where it cannot run here, cuda_decode_warp_rows.r2, cuda_decode_warp_rows.r8, cuda_decode_warp_rows.r2cs, cuda_decode_warp_rows.r4, cuda_decode_warp_rows.r8cs, cuda_decode_warp_rows.r4cs, cuda_decode_warp_rows.r1cs, cuda_decode_warp_rows.r1, triton_decode_splitv
 # measured    1 <= batch_size <= 1024
 
 REGIONS = (
@@ -59,8 +61,10 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 45)}, 'workloads': 59, 'speedup': (2.15, 2.66, 3.71), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
-    {'region': 2, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (45, None)}, 'workloads': 40, 'speedup': (1.1, 1.79, 2.93), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs')},
+    {'region': 1, 'variant': 'cuda_decode_warp_rows.r8', 'bounds': {'batch_size': (None, 53)}, 'workloads': 67, 'speedup': (1.97, 2.6, 3.71), 'fallbacks': ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs')},
+    {'region': 2, 'variant': 'cuda_decode_warp_rows.r4', 'bounds': {'batch_size': (53, 140)}, 'workloads': 16, 'speedup': (1.75, 2.09, 2.56), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1')},
+    {'region': 3, 'variant': 'cuda_decode_warp_rows.r2', 'bounds': {'batch_size': (140, 703)}, 'workloads': 13, 'speedup': (1.24, 1.42, 1.61), 'fallbacks': ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs')},
+    {'region': 4, 'variant': 'flashinfer', 'bounds': {'batch_size': (703, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv')},
 )
 
 MEASURED = {'batch_size': (1, 1024)}  # feature -> (min, max) over the tuned workloads
@@ -88,10 +92,16 @@ def route(batch_size):
 
 def route_eager(batch_size):
     inside = 1 <= batch_size <= 1024  # within the measured ranges: fallbacks apply
-    # region 1: 59 workloads, 2.66x (2.15x .. 3.71x) over flashinfer
-    if batch_size <= 45:
-        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8'
-    # region 2: 40 workloads, 1.79x (1.10x .. 2.93x) over flashinfer
-    if batch_size > 45:
-        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs') if inside else 'cuda_decode_warp_rows.r2'
+    # region 1: 67 workloads, 2.60x (1.97x .. 3.71x) over flashinfer
+    if batch_size <= 53:
+        return ('cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs') if inside else 'cuda_decode_warp_rows.r8'
+    # region 2: 16 workloads, 2.09x (1.75x .. 2.56x) over flashinfer
+    if 53 < batch_size <= 140:
+        return ('cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1') if inside else 'cuda_decode_warp_rows.r4'
+    # region 3: 13 workloads, 1.42x (1.24x .. 1.61x) over flashinfer
+    if 140 < batch_size <= 703:
+        return ('cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs') if inside else 'cuda_decode_warp_rows.r2'
+    # region 4: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if batch_size > 703:
+        return ('flashinfer', 'cuda_decode_warp_rows.r2', 'cuda_decode_warp_rows.r8', 'cuda_decode_warp_rows.r2cs', 'cuda_decode_warp_rows.r4', 'cuda_decode_warp_rows.r8cs', 'cuda_decode_warp_rows.r4cs', 'cuda_decode_warp_rows.r1cs', 'cuda_decode_warp_rows.r1', 'triton_decode_splitv') if inside else 'flashinfer'
     return 'flashinfer'

@@ -27,16 +27,17 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 1.29% mean, 13.63% max;
 #             1.000x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 0.26% mean, 2.71% max;
-#             1.497x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 2.45% mean, 23.26% max;
+#             1.425x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. num_seqs <= 1: cuda_verify_rows.r2, 3 workloads, 1.40x (1.27x .. 1.54x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   2. 1 < num_seqs <= 12: cuda_verify_rows.r4, 6 workloads, 1.14x (1.06x .. 1.22x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   3. 12 < num_seqs <= 25: cuda_verify_rows.r8, 3 workloads, 1.06x (1.06x .. 1.07x) over sglang_verify's guarded call; then cuda_verify_rows.r4; engine plugins keep the engine's kernel (`hand_back`)
 #   4. num_seqs > 25: sglang_verify (baseline), 9 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. num_seqs <= 121: cuda_verify_rows.r4, 16 workloads, 2.47x (1.31x .. 4.13x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
-#   2. num_seqs > 121: cuda_verify_rows.r8, 5 workloads, 1.22x (1.14x .. 1.31x) over sglang_verify; then cuda_verify_rows.r4
+#   1. num_seqs <= 86: cuda_verify_rows.r4, 15 workloads, 2.58x (1.46x .. 4.13x) over sglang_verify; then cuda_verify_rows.r8
+#   2. 86 < num_seqs <= 249: cuda_verify_rows.r8, 3 workloads, 1.29x (1.24x .. 1.31x) over sglang_verify
+#   3. num_seqs > 249: sglang_verify (baseline), 3 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -47,8 +48,9 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 121)}, 'workloads': 16, 'speedup': (1.31, 2.47, 4.13), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
-    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (121, None)}, 'workloads': 5, 'speedup': (1.14, 1.22, 1.31), 'fallbacks': ('cuda_verify_rows.r4',)},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {'num_seqs': (None, 86)}, 'workloads': 15, 'speedup': (1.46, 2.58, 4.13), 'fallbacks': ('cuda_verify_rows.r8',)},
+    {'region': 2, 'variant': 'cuda_verify_rows.r8', 'bounds': {'num_seqs': (86, 249)}, 'workloads': 3, 'speedup': (1.24, 1.29, 1.31), 'fallbacks': ()},
+    {'region': 3, 'variant': 'sglang_verify', 'bounds': {'num_seqs': (249, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1')},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -73,12 +75,15 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
-    # region 1: 16 workloads, 2.47x (1.31x .. 4.13x) over sglang_verify
-    if num_seqs <= 121:
-        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
-    # region 2: 5 workloads, 1.22x (1.14x .. 1.31x) over sglang_verify
-    if num_seqs > 121:
-        return ('cuda_verify_rows.r8', 'cuda_verify_rows.r4') if inside else 'cuda_verify_rows.r8'
+    # region 1: 15 workloads, 2.58x (1.46x .. 4.13x) over sglang_verify
+    if num_seqs <= 86:
+        return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
+    # region 2: 3 workloads, 1.29x (1.24x .. 1.31x) over sglang_verify
+    if 86 < num_seqs <= 249:
+        return 'cuda_verify_rows.r8'
+    # region 3: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 249:
+        return ('sglang_verify', 'cuda_verify_rows.r8', 'cuda_verify_rows.r4', 'cuda_verify_rows.r2', 'cuda_verify_rows.r1') if inside else 'sglang_verify'
     return 'sglang_verify'
 
 

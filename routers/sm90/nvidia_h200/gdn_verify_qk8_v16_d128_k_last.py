@@ -34,7 +34,7 @@
 #   2. 2 < num_seqs <= 43: cuda_verify_rows.r4, 7 workloads, 1.10x (1.04x .. 1.21x) over sglang_verify's guarded call; engine plugins keep the engine's kernel (`hand_back`)
 #   3. num_seqs > 43: sglang_verify (baseline), 8 workloads; where it cannot run here, cuda_verify_rows.r8, cuda_verify_rows.r4, cuda_verify_rows.r2, cuda_verify_rows.r1
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. every shape: cuda_verify_rows.r4, 20 workloads, 2.21x (1.23x .. 4.18x) over sglang_verify; then cuda_verify_rows.r8, cuda_verify_rows.r2
+#   1. every shape: cuda_verify_rows.r4, 20 workloads, 2.21x (1.23x .. 4.18x) over sglang_verify; then cuda_verify_rows.r8
 # measured    1 <= num_seqs <= 256, 2 <= cache_steps <= 8
 
 REGIONS = (
@@ -44,7 +44,7 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 20, 'speedup': (1.23, 2.21, 4.18), 'fallbacks': ('cuda_verify_rows.r8', 'cuda_verify_rows.r2')},
+    {'region': 1, 'variant': 'cuda_verify_rows.r4', 'bounds': {}, 'workloads': 20, 'speedup': (1.23, 2.21, 4.18), 'fallbacks': ('cuda_verify_rows.r8',)},
 )
 
 MEASURED = {'num_seqs': (1, 256), 'cache_steps': (2, 8)}  # feature -> (min, max) over the tuned workloads
@@ -67,7 +67,7 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, ca
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
     inside = 1 <= num_seqs <= 256 and 2 <= cache_steps <= 8  # within the measured ranges: fallbacks apply
     # region 1: 20 workloads, 2.21x (1.23x .. 4.18x) over sglang_verify
-    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8', 'cuda_verify_rows.r2') if inside else 'cuda_verify_rows.r4'
+    return ('cuda_verify_rows.r4', 'cuda_verify_rows.r8') if inside else 'cuda_verify_rows.r4'
 
 
 def hand_back(total_seq_len, num_seqs, len_cu_seqlens, num_slots, num_cache_rows, cache_steps):
