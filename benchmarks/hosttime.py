@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import cProfile
 import collections
+import datetime
+import json
 import pstats
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,3 +76,9 @@ def kernel_times(fn, args) -> dict[str, float]:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per[e.name] += e.time_range.elapsed_us() / CALLS
     return dict(per)
+
+
+def write_rows(path, rows: list) -> None:
+    """A host-time benchmark's rows as JSON, with the device, date and torch version they were taken on."""
+    Path(path).write_text(json.dumps({"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                                      "torch": torch.__version__, "rows": rows}, indent=1))

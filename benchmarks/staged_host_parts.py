@@ -14,8 +14,6 @@ No FlashInfer needed (the staged variant only); after `. benchmarks/gpu_env.sh`.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from hosttime import host_us  # noqa: E402
+from hosttime import host_us, write_rows  # noqa: E402
 from kdispatch import definitions, registry, workloads  # noqa: E402
 from kdispatch.kernels.cuda.gdn import prefill_walk as pw  # noqa: E402
 from kdispatch.kernels.triton import launch as tl_launch  # noqa: E402
@@ -105,9 +103,7 @@ def main() -> None:
             if name != "axes":
                 print(f"   {us:7.1f}  {name}")
     if opts.json:
-        Path(opts.json).write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                               "date": datetime.date.today().isoformat(),
-                                               "torch": torch.__version__, "rows": rows}, indent=1))
+        write_rows(opts.json, rows)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,13 @@ first contest workload (first coverage workload where it has none).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from hosttime import host_breakdown, host_us, kernel_times  # noqa: E402
+from hosttime import host_breakdown, host_us, kernel_times, write_rows  # noqa: E402
 from kdispatch import definitions, registry, workloads  # noqa: E402
 from kdispatch.tuner import features  # noqa: E402
 
@@ -80,9 +76,7 @@ def main() -> None:
             for line in host_breakdown(v.fn, args):
                 print("   " + line)
     if opts.json:
-        Path(opts.json).write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                               "date": datetime.date.today().isoformat(),
-                                               "torch": torch.__version__, "rows": rows}, indent=1))
+        write_rows(opts.json, rows)
 
 
 if __name__ == "__main__":
