@@ -59,7 +59,14 @@ tokens: 212 against vLLM's path 173 us; stored 204 against 293). Scored on the H
 measured, the eager mean regrets summed over the routers rose 141.0 -> 199.2% (gathered qk2 plain
 5.1 -> 48.5%: 4 x 3,929 left to the baseline, 4.5x the staged path's time, in a region where the
 staged path fails the rule elsewhere), none slower either way; with every held-out row's host part
-at 0.4 of its measured (a faster host than the tune's), 153.9 -> 144.8% and 2 -> 0 slower.
+at 0.4 of its measured (a faster host than the tune's), 153.9 -> 144.8% and 2 -> 0 slower. The
+refit routers benched on a third host (2026-12-01 ~00:23 UTC): of those five calls only gathered qk16
+13 x 7,280 still behind (268 vs 240 us), in a region that passes the rule on all 31 tuned workloads:
+the plain call cannot see its length mix. What the rule costs on gathered qk2 plain (48.5%) comes from
+the same blindness: its region of 3,466+ tokens over at most 22 sequences holds one-long-prompt mixes
+where the staged path takes 2.7-3.3x the baseline's graph time. Neither a deeper eager tree (depth 5:
+eager regrets summed 199.2 -> 213.4%) nor smaller eager regions (`min_leaf` 3: 196.1%, gathered qk4
+10.9 -> 6.1%, gathered qk16 14.5 -> 17.8%) moves it; not adopted.
 
 Guarded library baselines. A library baseline that makes the engine's call safe (an index guard
 launched first; registry `engine=`) is timed twice by the tuner: its row holds the engine's own
