@@ -128,3 +128,21 @@ def test_a_copies_choice_that_raises_falls_back_to_the_baseline_once(layout_vari
         torch.testing.assert_close(out, want[0], rtol=0, atol=0)
     finally:
         registry.unregister(DECODE, "explodes")
+
+
+def test_gathered_prefill_variants_read_views_as_their_pool_forms_do():
+    """A gathered-prefill variant is its pool form called with identity slots: where the pool form
+    reads q/k/v views, so must the gathered one declare it, or vLLM's calls (v split out of its
+    projection row) pass over the router's choice for the next variant that does (the staged path's
+    regions went to `flashinfer_direct`, H200, 2026-12-01)."""
+    from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, gathered_prefill_name
+    from kdispatch.definitions.gdn.names import pool_prefill_name
+
+    checked = 0
+    for hq, hv in GATHERED_HEADS.values():
+        pool = {v.name: v.strided for v in registry.variants(pool_prefill_name(hq, hv))}
+        for v in registry.variants(gathered_prefill_name(hq, hv)):
+            if pool.get(v.name):
+                assert v.strided, f"{v.definition}: {v.name} reads views in the pool convention, not here"
+                checked += 1
+    assert checked >= 5 * len(GATHERED_HEADS)

@@ -20,4 +20,4 @@ _ROWS = {c: prefill_thread_rows.LAUNCH_CONFIGS[c] for c in ("k2c8", "k4c8", "k8c
 for _hq, _hv in GATHERED_HEADS.values():
     variant(gathered_prefill_name(_hq, _hv), "cuda_prefill_pool_rows", backend="cuda", archs=("sm90",),
             requires=("cuda.core",), configs=_ROWS,
-            supports=prefill_thread_rows._short_enough)(gdn_prefill_gathered_rows)
+            supports=prefill_thread_rows._short_enough, strided=True)(gdn_prefill_gathered_rows)

@@ -128,4 +128,4 @@ for _hq, _hv in PACKED_HEADS.values():
             configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_pool_walk)
 for _hq, _hv in GATHERED_HEADS.values():
     variant(gathered_prefill_name(_hq, _hv), "cuda_prefill_staged", backend="cuda", archs=("sm90",),
-            requires=_REQUIRES, configs=LAUNCH_CONFIGS)(gdn_prefill_gathered_walk)
+            requires=_REQUIRES, configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_gathered_walk)

@@ -26,6 +26,6 @@ _FUSED = {c: prefill_fused.LAUNCH_CONFIGS[c] for c in ("c16v32", "c16v64")}
 _CHUNKED = {c: prefill_chunked.LAUNCH_CONFIGS[c] for c in ("v64",)}
 for _hq, _hv in GATHERED_HEADS.values():
     variant(gathered_prefill_name(_hq, _hv), "triton_prefill_fused", backend="triton", archs=("sm90",),
-            requires=("triton",), configs=_FUSED)(gdn_prefill_gathered_fused)
+            requires=("triton",), configs=_FUSED, strided=True)(gdn_prefill_gathered_fused)
     variant(gathered_prefill_name(_hq, _hv), "triton_prefill_chunked", backend="triton", archs=("sm90",),
-            requires=("triton",), configs=_CHUNKED)(gdn_prefill_gathered_chunked)
+            requires=("triton",), configs=_CHUNKED, strided=True)(gdn_prefill_gathered_chunked)

@@ -310,4 +310,4 @@ for _hq, _hv in PACKED_HEADS.values():
             requires=("triton",), configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_pool_staged)
 for _hq, _hv in GATHERED_HEADS.values():
     variant(gathered_prefill_name(_hq, _hv), "triton_prefill_staged", backend="triton", archs=("sm90",),
-            requires=("triton",), configs=LAUNCH_CONFIGS)(gdn_prefill_gathered_staged)
+            requires=("triton",), configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_gathered_staged)
