@@ -80,3 +80,30 @@ def test_the_op_picks_the_head_count_and_takes_a_strided_pool():
     torch.testing.assert_close(view, want_pool, rtol=0, atol=0)
     with pytest.raises(ValueError, match="HV one of"):
         kdispatch.ops.gdn_prefill_pool(args[0], args[1], args[2][:, :12], *args[3:9])
+
+
+def test_segments_walked_apart_then_chained_give_the_whole_walk():
+    """The identity the context-parallel prefill (cuda_prefill_cp, kernels/cuda/gdn/prefill_walk.cu) rests
+    on, checked on the reference: a sequence cut in two, its second part walked from a zero state (final
+    state B, outputs o) and, with no values, from the identity (final state A, outputs o~), gives the whole
+    walk's final state S1 A + B and outputs o + o~ S1^T, S1 the state after the first part."""
+    hq, hv, total, cut = 2, 4, 40, 16
+    q, k, v, g, beta, pool, slots, init, cu, out, scale = pool_args(hq, hv, total, 1, 2, seed=3)
+    slots, init[0] = torch.zeros(1, dtype=torch.int32), True
+    whole_out, whole_pool = pool_ref.run(q, k, v, g, beta, pool, slots, init, cu, out, scale)
+
+    def part(lo, hi, values, start):
+        cu_part = torch.tensor([0, hi - lo], dtype=torch.int32)
+        o, s = pool_ref.run(q[lo:hi], k[lo:hi], values[lo:hi], g[lo:hi], beta[lo:hi], start, slots, init, cu_part,
+                            out[lo:hi], scale)
+        return o.float(), s[0]
+
+    _, s1 = part(0, cut, v, pool)
+    o_zero, b = part(cut, total, v, torch.zeros_like(pool))
+    identity = torch.eye(128).expand(pool.shape[0], hv, 128, 128).contiguous()
+    o_keys, a = part(cut, total, torch.zeros_like(v), identity)
+    got_out, want_out = o_zero + torch.einsum("thk,hvk->thv", o_keys, s1), whole_out[cut:].float()
+    torch.testing.assert_close(got_out, want_out, rtol=1e-2, atol=1e-3)  # bf16 outputs, each rounded once
+    torch.testing.assert_close(s1 @ a + b, whole_pool[0], rtol=1e-4, atol=1e-4)
+    # the correction carries the first part: without it the outputs are far off
+    assert (o_zero - want_out).abs().max() > 10 * (got_out - want_out).abs().max()

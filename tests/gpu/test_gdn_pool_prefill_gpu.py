@@ -20,7 +20,8 @@ HEADS = [(hq, hv) for hq, hv in PACKED_HEADS.values()]
 VARIANTS = ["cuda_prefill_pool_rows.k1c8", "cuda_prefill_pool_rows.k2c16", "cuda_prefill_pool_rows.k8c8",
             "cuda_prefill_pool_rows.k16c16", "sglang_flashinfer_prefill", "flashinfer_pool_inplace",
             "flashinfer_direct", "triton_prefill_staged.c16v32", "triton_prefill_staged.c16v64",
-            "cuda_prefill_staged.r32s4", "cuda_prefill_staged.r64s4"]
+            "cuda_prefill_staged.r32s4", "cuda_prefill_staged.r64s4", "cuda_prefill_cp.p4",
+            "cuda_prefill_cp.p16"]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 Q, K, V, G, BETA, POOL, IDX, INIT, CU, OUT = range(10)
 

@@ -65,6 +65,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+__device__ __forceinline__ float2 lds_f2(u32 addr) {
+    float2 r;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(addr));
+    return r;
+}
+
+__device__ __forceinline__ bf16_t lds_bf16(u32 addr) {
+    bf16_t r;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr));
+    return r;
+}
+
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {  // lo -> low half (lower address)
     u32 r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -103,13 +115,39 @@ struct Args {
     float* state; const int* slots; const unsigned char* init; const void* cu; bf16_t* out;
     long long T; int N, num_slots, hv, hqk, has_state;
     long long q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row;
+    int P; bf16_t* aux; float* bs; bf16_t* as;  // CP: segments a sequence, key rows' outputs, B and A
 };
 
-template <int W, int NST, typename CU, bool SLOTS>
+// The cu_seqlens check every kernel here makes (block-wide, one __syncthreads_or): 0 = cu[0] <= ... <= cu[N] = T.
+template <typename CU>
+__device__ __forceinline__ bool cu_valid(const CU* cu, int N, long long T, int tid, int threads) {
+    int bad = 0;
+    for (long long i = tid; i <= N; i += threads) {
+        const long long c = cu[i];
+        bad |= (i == 0 && c != 0) | (i >= 1 && c < (long long)cu[i - 1]) | (i == N && c != T);
+    }
+    return !__syncthreads_or(bad);
+}
+
+// Segment p of P of the sequence [bos, eos) (CP): a share of the sequence's 16-token blocks of the packed
+// batch, so segment edges are block edges and the first launch's per-block matrices hold for segments as
+// they are; the first starts at bos, the last ends at eos, an empty one has seos == sbos.
+__device__ __forceinline__ void segment_of(long long bos, long long eos, int p, int P, long long& sbos,
+                                           long long& seos) {
+    const long long fb = bos / 16, nbk = eos > bos ? (eos + 15) / 16 - fb : 0;
+    const long long lo = 16 * (fb + p * nbk / P), hi = 16 * (fb + (p + 1) * nbk / P);
+    sbos = lo > bos ? lo : bos;
+    seos = hi < eos ? hi : eos;
+    if (seos < sbos) seos = sbos;
+}
+
+template <int W, int NST, typename CU, bool SLOTS, bool CP>
 __device__ __forceinline__ void walk(const Args& A) {
     constexpr int ROWS = 16 * W;
     constexpr int NVB = 128 / ROWS;
+    constexpr int GROUPS = CP ? 2 * NVB : NVB;  // CP: NVB groups of value rows, then NVB of key rows
     constexpr int THREADS = 32 * W;
+    static_assert(THREADS >= 64, "the matrices' copy takes a thread a chunk");
     extern __shared__ __align__(128) unsigned char smem[];
     Stage<ROWS>* st = reinterpret_cast<Stage<ROWS>*>(smem);  // NST stages: blocks b .. b + NST - 1 in flight
     const u32 st0 = smem_addr(smem);  // stage i at st0 + i * sizeof(Stage), its fields at their offsets
@@ -119,28 +157,29 @@ __device__ __forceinline__ void walk(const Args& A) {
 
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int i_vb = blockIdx.x % NVB;
-    const int i_h = (blockIdx.x / NVB) % A.hv;
-    const long long i_n = blockIdx.x / NVB / A.hv;
+    const int i_g = blockIdx.x % GROUPS;
+    const int i_h = (blockIdx.x / GROUPS) % A.hv;
+    const long long i_seg = blockIdx.x / GROUPS / A.hv;
+    const long long i_n = CP ? i_seg / A.P : i_seg;
+    const int p = CP ? (int)(i_seg % A.P) : 0;
+    // CP key rows: the rows of A, walked from the identity with no values; segment 0 needs none
+    const bool keys = CP && i_g >= NVB;
+    if (keys && p == 0) return;
     const int i_hk = i_h / (A.hv / A.hqk);
-    const int v0 = i_vb * ROWS;
+    const int v0 = (keys ? i_g - NVB : i_g) * ROWS;
     const long long out_t = (long long)A.hv * 128;  // output token stride
-    bf16_t* out = A.out + i_h * 128 + v0;
+    bf16_t* out = (keys ? A.aux : A.out) + i_h * 128 + v0;
 
-    int bad = 0;
-    for (long long i = tid; i <= A.N; i += THREADS) {
-        const long long c = cu[i];
-        bad |= (i == 0 && c != 0) | (i >= 1 && c < (long long)cu[i - 1]) | (i == A.N && c != A.T);
-    }
-    const bool ok = !__syncthreads_or(bad);
+    const bool ok = cu_valid(cu, A.N, A.T, tid, THREADS);
     long long slot = i_n;
     bool live = true;
     if (SLOTS) {
         slot = A.slots[i_n];
         live = slot >= 0 && slot < A.num_slots;
     }
-    const long long bos = cu[i_n], eos = cu[i_n + 1];
-    if (!(ok && live)) {  // zero output rows, no state
+    long long bos = cu[i_n], eos = cu[i_n + 1];
+    if (!(ok && live)) {  // zero output rows, no state (CP: segment 0's value rows, over the sequence)
+        if (p != 0 || keys) return;
         const long long lo = ok ? bos : i_n * A.T / A.N, hi = ok ? eos : (i_n + 1) * A.T / A.N;
         for (long long e = lo * (ROWS / 8) + tid; e < hi * (ROWS / 8); e += THREADS) {  // 16 bytes at a time
             bf16_t* row = out + (e / (ROWS / 8)) * out_t;
@@ -149,17 +188,26 @@ __device__ __forceinline__ void walk(const Args& A) {
         return;
     }
 
+    if (CP) segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
+
     const int vr = lane >> 2, t0 = (lane & 3) * 2;  // fragment row (V row) and first column (token / key)
-    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head
-                  + (long long)(v0 + warp * 16 + vr) * A.s_row;
+    const int row = v0 + warp * 16 + vr;            // this lane's first state row (a key row for `keys`)
+    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
+    // CP segments past the first: their rows of B (values) or A (keys), [N, P - 1, HV, 128, 128]
+    const long long cp_row = (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128 + row) * 128;
     float S[16][4];  // S[v, 8 j + t0 + {0, 1}] rows vr and vr + 8
-    const bool read = SLOTS ? A.init[i_n] != 0 : A.has_state != 0;
+    const bool read = p == 0 && (SLOTS ? A.init[i_n] != 0 : A.has_state != 0);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         float2 lo = make_float2(0.f, 0.f), hi = lo;
         if (read) {
             lo = *reinterpret_cast<const float2*>(srow + 8 * j + t0);
             hi = *reinterpret_cast<const float2*>(srow + 8 * A.s_row + 8 * j + t0);
+        }
+        if (keys) {  // identity rows
+            const int c = 8 * j + t0;
+            lo = make_float2(c == row, c + 1 == row);
+            hi = make_float2(c == row + 8, c + 1 == row + 8);
         }
         S[j][0] = lo.x; S[j][1] = lo.y; S[j][2] = hi.x; S[j][3] = hi.y;
     }
@@ -192,12 +240,13 @@ __device__ __forceinline__ void walk(const Args& A) {
             kp += kstep;
             qp += qstep;
         }
-        const bool vin = (unsigned)(rel + vrow) < (unsigned)len;
-        cp_async16(s + dst_v, vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
+        if (!keys) {
+            const bool vin = (unsigned)(rel + vrow) < (unsigned)len;
+            cp_async16(s + dst_v, vin ? vbase + (long long)(rel + vrow) * A.v_t : vbase, vin);
+        }
         const bf16_t* m = A.mats + (b * A.hv + i_h) * 512;
-#pragma unroll
-        for (int e = tid; e < 64; e += THREADS) {  // TB and P rows: 2 chunks each
-            const int which = e >> 5, r = (e >> 1) & 15, c = (e & 1) * 8;
+        if (tid < 64) {  // TB and P rows: 2 chunks each, a chunk a thread (a loop from tid took ~100 instructions)
+            const int which = tid >> 5, r = (tid >> 1) & 15, c = (tid & 1) * 8;
             const bool in = (unsigned)(rel + r) < (unsigned)len;
             cp_async16(s + (which ? OFF_P : OFF_TB) + (r * MROW + c) * 2, m + which * 256 + r * 16 + c, in);
         }
@@ -262,7 +311,8 @@ __device__ __forceinline__ void walk(const Args& A) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const int t = n * 8 + t0 + (c & 1);
-                x[n][c] = bf16_to_f(s.v[t][vw + (c >> 1) * 8]) - ak[n * 2 + (c & 1)] * (xk[0][n][c] + xk[1][n][c]);
+                const float vt = keys ? 0.f : bf16_to_f(s.v[t][vw + (c >> 1) * 8]);
+                x[n][c] = vt - ak[n * 2 + (c & 1)] * (xk[0][n][c] + xk[1][n][c]);
             }
         const float one[4] = {1.f, 1.f, 1.f, 1.f};
         u32 a[4], mb[4];
@@ -303,6 +353,121 @@ __device__ __forceinline__ void walk(const Args& A) {
         }
         __syncthreads();  // every warp done with s before the next iteration loads into it
     }
+    if (keys) {  // A, bf16: the operand it will be
+        bf16_t* arow = A.as + cp_row;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            *reinterpret_cast<u32*>(arow + 8 * j + t0) = pack_bf16(S[j][0], S[j][1]);
+            *reinterpret_cast<u32*>(arow + 8 * 128 + 8 * j + t0) = pack_bf16(S[j][2], S[j][3]);
+        }
+        return;
+    }
+    float* drow = p == 0 ? srow : A.bs + cp_row;
+    const long long drow_t = p == 0 ? A.s_row : 128;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        *reinterpret_cast<float2*>(drow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
+        *reinterpret_cast<float2*>(drow + 8 * drow_t + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
+    }
+}
+
+// ---- context parallel (CP): a sequence's segments walked at once, then put together ----
+// The walk is linear in the state it starts from and in the values: a segment's value rows walked from
+// zero give its outputs and final rows for a zero start (B), its key rows walked from the identity with
+// no values give, as outputs, o~ with out += S o~ for a start S, and as final rows A with the segment's
+// final state S A + B. So, with every segment walked at once (the walk with CP: segment 0 from the true
+// state, its final state to the pool), the chain S_{p+1} = S_p A_p + B_p and the correction out += S_p o~
+// over segment p's tokens give the sequential walk's outputs and final state, in bf16 products as the
+// walk's own.
+
+#define AROW 136  // bf16 an A row in shared memory (128 + 8, ldmatrix conflict-free)
+#define BROW 136  // fp32 a B row (128 + 8: float2 reads conflict-free a half-warp)
+
+// Block: 16 W rows of one (sequence, value head); A_p (bf16, all rows, AROW apart) and the block's rows
+// of B_p (fp32, BROW apart) staged in shared memory a segment ahead, in two buffers.
+
+template <int W, typename CU, bool SLOTS>
+__device__ __forceinline__ void chain(const Args& A) {
+    constexpr int ROWS = 16 * W, NVB = 128 / ROWS, THREADS = 32 * W;
+    constexpr u32 OFF_B = 128 * AROW * 2, STAGE = OFF_B + ROWS * BROW * 4;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const u32 st0 = smem_addr(smem);
+    const CU* cu = static_cast<const CU*>(A.cu);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int i_vb = blockIdx.x % NVB, i_h = (blockIdx.x / NVB) % A.hv;
+    const long long i_n = blockIdx.x / NVB / A.hv;
+    const bool ok = cu_valid(cu, A.N, A.T, tid, THREADS);
+    long long slot = i_n;
+    bool live = true;
+    if (SLOTS) {
+        slot = A.slots[i_n];
+        live = slot >= 0 && slot < A.num_slots;
+    }
+    if (!(ok && live)) return;  // the walk zeroed the outputs and left the state
+    const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
+    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
+    float S[16][4];  // S_1 = B_0: where segment 0's walk left it
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const float2 lo = *reinterpret_cast<const float2*>(srow + 8 * j + t0);
+        const float2 hi = *reinterpret_cast<const float2*>(srow + 8 * A.s_row + 8 * j + t0);
+        S[j][0] = lo.x; S[j][1] = lo.y; S[j][2] = hi.x; S[j][3] = hi.y;
+    }
+    auto base = [&](int p) { return (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128) * 128; };
+    // this thread's 16-byte chunks: A rows ar + i THREADS / 16 at column ac, B rows br0 + i THREADS / 32 at bc
+    const int ar = tid >> 4, ac = (tid & 15) * 8, br0 = tid >> 5, bc = (tid & 31) * 4;
+    auto load = [&](u32 s, int p) {
+        const bf16_t* ga = A.as + base(p) + ar * 128 + ac;
+#pragma unroll
+        for (int i = 0; i < 128 * 16 / THREADS; ++i)
+            cp_async16(s + ((ar + i * (THREADS / 16)) * AROW + ac) * 2, ga + i * (THREADS / 16) * 128, true);
+        const float* gb = A.bs + base(p) + (long long)(v0 + br0) * 128 + bc;
+#pragma unroll
+        for (int i = 0; i < ROWS * 32 / THREADS; ++i)
+            cp_async16(s + OFF_B + ((br0 + i * (THREADS / 32)) * BROW + bc) * 4, gb + i * (THREADS / 32) * 128, true);
+    };
+    if (A.P > 1) load(st0, 1);
+    cp_async_commit();
+    const int krow = (((lane >> 3) & 1) << 3) + (lane & 7), kcol = (lane >> 4) << 3;  // ldmatrix .trans rows
+    const u32 lm_a = (krow * AROW + kcol) * 2, lm_b = OFF_B + ((warp * 16 + vr) * BROW + t0) * 4;
+    for (int p = 1; p < A.P; ++p) {
+        const u32 s = st0 + ((p - 1) & 1) * STAGE;
+        if (p + 1 < A.P) load(st0 + (p & 1) * STAGE, p + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        u32 a[8][4];
+        float acc[16][4];
+        float* prow = A.bs + base(p) + (long long)row * 128;  // S_p over B_p (now in shared memory)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float2 lo = lds_f2(s + lm_b + 8 * j * 4), hi = lds_f2(s + lm_b + (8 * BROW + 8 * j) * 4);
+            acc[j][0] = lo.x; acc[j][1] = lo.y; acc[j][2] = hi.x; acc[j][3] = hi.y;
+            *reinterpret_cast<float2*>(prow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
+            *reinterpret_cast<float2*>(prow + 8 * 128 + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            a[kk][0] = pack_bf16(S[2 * kk][0], S[2 * kk][1]);
+            a[kk][1] = pack_bf16(S[2 * kk][2], S[2 * kk][3]);
+            a[kk][2] = pack_bf16(S[2 * kk + 1][0], S[2 * kk + 1][1]);
+            a[kk][3] = pack_bf16(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)  // k-steps outermost: 16 independent accumulators between dependent mma
+#pragma unroll
+            for (int np = 0; np < 8; ++np) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, s + lm_a + (kk * 16 * AROW + np * 16) * 2);
+                mma_bf16(acc[2 * np], a[kk], b[0], b[1]);
+                mma_bf16(acc[2 * np + 1], a[kk], b[2], b[3]);
+            }
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) S[j][c] = acc[j][c];
+        __syncthreads();  // every warp done with this buffer before it is refilled
+    }
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         *reinterpret_cast<float2*>(srow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
@@ -310,27 +475,145 @@ __device__ __forceinline__ void walk(const Args& A) {
     }
 }
 
-// gdn_prefill_walk_w<W>_s<NST>_<pool|contest>: block 32 W threads, grid N * HV * (128 / (16 W)), NST
-// stages of dynamic shared memory (stage_bytes<W>() each). Parameters: q k v mats fac state slots init
-// cu_seqlens out, T, N, num_slots, HV, HQK, has_state, the six q/k/v token and head strides, the
-// state's slot, head and row strides (elements). pool: int32 cu_seqlens, slots and has_initial_state;
-// contest: int64 cu_seqlens, state n is sequence n's (has_state: read it).
-#define GDN_WALK_KERNEL(W, NST, KIND, CU, SLOTS)                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * W) gdn_prefill_walk_w##W##_s##NST##_##KIND(  \
-        const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* mats, const float* fac,   \
-        float* state, const int* slots, const unsigned char* init, const CU* cu, bf16_t* out,      \
-        long long T, int N, int num_slots, int hv, int hqk, int has_state, long long q_t,          \
-        long long q_h, long long k_t, long long k_h, long long v_t, long long v_h, long long s_slot,\
-        long long s_head, long long s_row) {                                                       \
-        walk<W, NST, CU, SLOTS>(Args{q, k, v, mats, fac, state, slots, init, cu, out, T, N,        \
-                                     num_slots, hv, hqk, has_state, q_t, q_h, k_t, k_h, v_t, v_h,  \
-                                     s_slot, s_head, s_row});                                      \
+#define FIX_BLOCKS 4  // 16-token blocks a correction block takes, all in flight at once
+
+// Block: 16 W value rows of one (sequence, segment past the first, value head) and up to FIX_BLOCKS of the
+// segment's 16-token blocks; S_p packed once as the A operand, o~ as the B operand (as the walk's K rows),
+// out read through shared memory with o~, corrected, rewritten. A block's stage: o~ (16 rows of all 128
+// keys, KROW apart), then its rows of out (16 rows, OROW apart).
+template <int W, typename CU, bool SLOTS>
+__device__ __forceinline__ void correct(const Args& A) {
+    constexpr int ROWS = 16 * W, NVB = 128 / ROWS, THREADS = 32 * W, OROW = ROWS + 8;
+    constexpr u32 OFF_OUT = 16 * KROW * 2, STAGE = OFF_OUT + 16 * OROW * 2;
+    static_assert(THREADS == 16 * (ROWS / 8), "a thread an out chunk a block");
+    extern __shared__ __align__(128) unsigned char smem[];
+    const u32 st0 = smem_addr(smem);
+    const CU* cu = static_cast<const CU*>(A.cu);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    // the host sizes the grid for the longest segment the batch allows: chunks of FIX_BLOCKS blocks each
+    const long long chunks = gridDim.x / ((long long)A.N * (A.P - 1) * A.hv * NVB);
+    const int i_vb = blockIdx.x % NVB, i_h = (blockIdx.x / NVB) % A.hv;
+    const long long rest = blockIdx.x / NVB / A.hv, i_c = rest % chunks, i_seg = rest / chunks;
+    const long long i_n = i_seg / (A.P - 1);
+    const int p = (int)(i_seg % (A.P - 1)) + 1;
+    const bool ok = cu_valid(cu, A.N, A.T, tid, THREADS);
+    long long slot = i_n;
+    bool live = true;
+    if (SLOTS) {
+        slot = A.slots[i_n];
+        live = slot >= 0 && slot < A.num_slots;
     }
-#define GDN_WALK_KERNELS(W, NST)                      \
-    GDN_WALK_KERNEL(W, NST, pool, int, true)          \
-    GDN_WALK_KERNEL(W, NST, contest, long long, false)
+    long long bos, eos;
+    segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
+    const long long b0 = bos / 16 + i_c * FIX_BLOCKS, end = eos > bos ? (eos + 15) / 16 : 0;
+    const long long b1 = b0 + FIX_BLOCKS < end ? b0 + FIX_BLOCKS : end;
+    if (!(ok && live) || b0 >= b1) return;
+    const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
+    const long long out_t = (long long)A.hv * 128;
+    const int len = (int)(eos - bos);
+    {  // every block's o~ and out rows in flight, zero outside the segment
+        const int orow = tid >> 4, oc = (tid & 15) * 8;                  // o~: rows orow + i THREADS / 16
+        const int rrow = tid / (ROWS / 8), rc = (tid % (ROWS / 8)) * 8;  // out: one chunk a thread
+        const bf16_t* obase = A.aux + bos * out_t + i_h * 128 + oc;
+        const bf16_t* rbase = A.out + bos * out_t + i_h * 128 + v0 + rc;
+        for (long long b = b0; b < b1; ++b) {
+            const u32 s = st0 + (u32)(b - b0) * STAGE;
+            const int rel = (int)(b * 16 - bos);
+#pragma unroll
+            for (int i = 0; i < 256 / THREADS; ++i) {
+                const int r = orow + i * (THREADS / 16);
+                const bool in = (unsigned)(rel + r) < (unsigned)len;
+                cp_async16(s + (r * KROW + oc) * 2, in ? obase + (long long)(rel + r) * out_t : obase, in);
+            }
+            const bool in = (unsigned)(rel + rrow) < (unsigned)len;
+            cp_async16(s + OFF_OUT + (rrow * OROW + rc) * 2, in ? rbase + (long long)(rel + rrow) * out_t : rbase, in);
+        }
+        cp_async_commit();
+    }
+    u32 a[8][4];  // S_p, this lane's rows, as the A operand (loaded while the copies fly)
+    {
+        const float* prow = A.bs + (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128 + row) * 128;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float2 lo = *reinterpret_cast<const float2*>(prow + 16 * kk + 8 * h + t0);
+                const float2 hi = *reinterpret_cast<const float2*>(prow + 8 * 128 + 16 * kk + 8 * h + t0);
+                a[kk][2 * h] = pack_bf16(lo.x, lo.y);
+                a[kk][2 * h + 1] = pack_bf16(hi.x, hi.y);
+            }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    const int mrow = ((lane >> 4) << 3) + (lane & 7), mcol = ((lane >> 3) & 1) << 3;
+    const int vw = warp * 16 + vr;
+    const u32 lm = (mrow * KROW + mcol) * 2, lr = OFF_OUT + (t0 * OROW + vw) * 2;
+    bf16_t* out = A.out + i_h * 128 + v0;
+    for (long long b = b0; b < b1; ++b) {
+        const u32 s = st0 + (u32)(b - b0) * STAGE;
+        float acc[2][2][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            u32 ob[4];
+            ldmatrix_x4(ob, s + lm + kk * 32);
+            mma_bf16(acc[kk & 1][0], a[kk], ob[0], ob[1]);
+            mma_bf16(acc[kk & 1][1], a[kk], ob[2], ob[3]);
+        }
+        const int rel = (int)(b * 16 - bos);
+        bf16_t* ob = out + (b * 16 + t0) * out_t + vw;
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int dt = n * 8 + (c & 1), dv = (c >> 1) * 8;  // token and row offsets from (t0, vw)
+                if ((unsigned)(rel + t0 + dt) < (unsigned)len)
+                    ob[dt * out_t + dv] = f_to_bf16(bf16_to_f(lds_bf16(s + lr + (dt * OROW + dv) * 2))
+                                                    + acc[0][n][c] + acc[1][n][c]);
+            }
+    }
+}
+
+// Kernels. Parameters, all of them: q k v mats fac state slots init cu_seqlens out, T, N, num_slots, HV,
+// HQK, has_state, the six q/k/v token and head strides, the state's slot, head and row strides
+// (elements), then P aux bs as (CP: segments a sequence, o~ [T, HV, 128] bf16, B and S_p
+// [N, P - 1, HV, 128, 128] fp32, A the same in bf16; 1 and null otherwise). pool: int32 cu_seqlens,
+// slots and has_initial_state; contest: int64 cu_seqlens, state n is sequence n's (has_state: read it).
+// gdn_prefill_walk_w<W>_s<NST>_<pool|contest>[_cp]: block 32 W threads, NST stages of dynamic shared
+// memory (stage_bytes<W>() each), grid N * HV * (128 / (16 W)), with _cp N * P * HV * 2 (128 / (16 W)).
+// gdn_prefill_cp_chain_<kind>: block 64 threads, two stages of dynamic shared memory (chain's STAGE),
+// grid N * HV * 4.
+// gdn_prefill_cp_correct_<kind>: block 128 threads, FIX_BLOCKS stages of dynamic shared memory (correct's STAGE),
+// grid N * (P - 1) * HV * chunks * 2 (prefill_walk.py's correct_chunks).
+#define GDN_KERNEL_PARAMS(CU)                                                                         \
+    const bf16_t *q, const bf16_t *k, const bf16_t *v, const bf16_t *mats, const float *fac,         \
+        float *state, const int *slots, const unsigned char *init, const CU *cu, bf16_t *out,        \
+        long long T, int N, int num_slots, int hv, int hqk, int has_state, long long q_t,            \
+        long long q_h, long long k_t, long long k_h, long long v_t, long long v_h, long long s_slot, \
+        long long s_head, long long s_row, int P, bf16_t *aux, float *bs, bf16_t *as
+#define GDN_KERNEL_ARGS                                                                              \
+    Args { q, k, v, mats, fac, state, slots, init, cu, out, T, N, num_slots, hv, hqk, has_state,     \
+           q_t, q_h, k_t, k_h, v_t, v_h, s_slot, s_head, s_row, P, aux, bs, as }
+#define GDN_WALK_KERNEL(W, NST, KIND, CU, SLOTS, CP, SUFFIX)                                             \
+    extern "C" __global__ void __launch_bounds__(32 * W)                                                 \
+        gdn_prefill_walk_w##W##_s##NST##_##KIND##SUFFIX(GDN_KERNEL_PARAMS(CU)) {                         \
+        walk<W, NST, CU, SLOTS, CP>(GDN_KERNEL_ARGS);                                                    \
+    }
+#define GDN_WALK_KERNELS(W, NST)                                \
+    GDN_WALK_KERNEL(W, NST, pool, int, true, false, )           \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false, false, ) \
+    GDN_WALK_KERNEL(W, NST, pool, int, true, true, _cp)         \
+    GDN_WALK_KERNEL(W, NST, contest, long long, false, true, _cp)
+#define GDN_CP_KERNELS(KIND, CU, SLOTS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(64) gdn_prefill_cp_chain_##KIND(GDN_KERNEL_PARAMS(CU)) { \
+        chain<2, CU, SLOTS>(GDN_KERNEL_ARGS);                                                             \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128) gdn_prefill_cp_correct_##KIND(GDN_KERNEL_PARAMS(CU)) { \
+        correct<4, CU, SLOTS>(GDN_KERNEL_ARGS);                                                           \
+    }
 
 // prefill_walk.py's KERNELS (the others measured on the H200 grid, gdn-fused-grid-H200.txt, never won
 // by more than 1%)
 GDN_WALK_KERNELS(2, 4)
 GDN_WALK_KERNELS(4, 4)
+GDN_CP_KERNELS(pool, int, true)
+GDN_CP_KERNELS(contest, long long, false)

@@ -8,6 +8,20 @@ gdn_prefill_gathered_*. Configurations `r<rows>s<stages>`: V rows a block (16 a 
 block put more blocks on the SMs for few (sequence, head) pairs) and blocks of input in flight. Two
 launches, no host sync (CUDA-graph safe); device-side checks as the .cu says.
 
+Context parallel (`cuda_prefill_cp.p<P>`, the .cu's CP section): the walk runs a (sequence, head) pair's
+blocks in order, so a few long sequences leave most SMs idle (~0.8 us a block at 1 x 2,048 tokens, any
+head count). CP splits every sequence into P segments on block edges, walks them all at once (each
+segment's value rows from zero, plus 128 key rows from the identity with no values, which give the
+segment's transition A and the output correction o~), then chains S_{p+1} = S_p A_p + B_p per sequence and
+adds S_p o~ to each later segment's outputs: four launches, scratch of 96 KiB a (sequence, value head,
+segment past the first), twice the walk's work. On the H200 (benchmarks/results/prefill-cp-H200.json)
+the walk's time over CP's best on one sequence of 2k-32k tokens: 2.0-4.7x at 4 value heads, 1.7-2.8x at
+8, 1.2-1.5x at 16; slower at 32 (the doubled work fills the GPU already) and on short sequences.
+`supports` offers it up to MAX_CP_STATES scratch states; the tuner measures where it pays.
+
+Both launch plainly: the walk as a programmatic dependent of the first launch was slower in graphs at
+every shape measured (benchmarks/results/walk-pdl-ab-H200.txt).
+
 Why a CUDA walk: the Triton walk (255 registers, layout exchanges through shared memory between its
 dependent products) and this one do the same arithmetic, but here a warp owns 16 state rows outright,
 so its products chain register to register. On the H200 grid (benchmarks/results/gdn-fused-grid-H200.txt)
@@ -27,14 +41,28 @@ from kdispatch.kernels.triton.gdn.prefill_staged import DIM, chunk_algebra
 from kdispatch.registry import variant
 
 CU = Path(__file__).with_name("prefill_walk.cu")
-SIGNATURE = "p" * 10 + "liiiii" + "l" * 9  # pointers, T N num_slots HV HQK has_state, strides (see the .cu)
+# pointers, T N num_slots HV HQK has_state, strides, then the CP parameters P aux bs as (see the .cu)
+SIGNATURE = "p" * 10 + "liiiii" + "l" * 9 + "ippp"
 # (warps a block, pipeline stages) compiled in the .cu: 16 V rows a warp, blocks in flight. On the H200
 # grid (benchmarks/results/gdn-fused-grid-H200.txt) 32 rows won up to ~32 (sequence, head) pairs, 64
 # above; 16 and 128 rows never, 64 rows at 2 stages within 1% of 4 stages everywhere (all measured there)
 KERNELS = ((2, 4), (4, 4))
 LAUNCH_CONFIGS = {f"r{16 * w}s{n}": dict(cfg=(w, n)) for w, n in KERNELS}
 
-_kernels: dict[tuple[int, int, bool], nvrtc.Kernel] = {}
+# Context parallel (`cuda_prefill_cp.p<P>`): each sequence's blocks in P segments walked at once, then a
+# chain over the segments and a correction of their outputs (the .cu's CP section); for few (sequence,
+# head) pairs, where the walk leaves most of the GPU idle. The walk under CP at 2 warps a block (the most
+# blocks); the chain and the correction at the .cu's fixed shapes.
+CP_SEGMENTS = (4, 8, 16)  # 32 never won on the H200 up to 32k tokens
+CP_CONFIGS = {f"p{n}": dict(segments=n) for n in CP_SEGMENTS}
+CP_WALK = (2, 4)
+CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 2, 4, 4
+CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * CHAIN_WARPS * 136 * 4)  # the .cu's chain: two stages
+CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) * 2)  # correct: a stage a block
+# scratch a (sequence, value head, segment past the first): B / S_p fp32 and A bf16, 96 KiB
+MAX_CP_STATES = 512  # 48 MiB
+
+_kernels: dict[tuple, nvrtc.Kernel] = {}
 
 
 def stage_bytes(warps: int) -> int:
@@ -43,15 +71,37 @@ def stage_bytes(warps: int) -> int:
     return 2 * 16 * 136 * 2 + 16 * (16 * warps + 8) * 2 + 2 * 16 * 24 * 2 + 64 * 4
 
 
-def kernel(warps: int, stages: int, pooled: bool) -> nvrtc.Kernel:
-    kern = _kernels.get((warps, stages, pooled))
+def kernel(warps: int, stages: int, pooled: bool, cp: bool = False) -> nvrtc.Kernel:
+    kern = _kernels.get((warps, stages, pooled, cp))
     if kern is None:
         if (warps, stages) not in KERNELS:
             raise ValueError(f"cuda_prefill_staged: no walk kernel of {warps} warps and {stages} stages ({KERNELS})")
-        kern = nvrtc.load_kernel(CU, f"gdn_prefill_walk_w{warps}_s{stages}_{'pool' if pooled else 'contest'}",
-                                 signature=SIGNATURE)
-        kern.set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", stages * stage_bytes(warps))
-        _kernels[(warps, stages, pooled)] = kern
+        kind = ("pool" if pooled else "contest") + ("_cp" if cp else "")
+        kern = _load(f"gdn_prefill_walk_w{warps}_s{stages}_{kind}", stages * stage_bytes(warps))
+        _kernels[(warps, stages, pooled, cp)] = kern
+    return kern
+
+
+def cp_kernel(part: str, pooled: bool) -> nvrtc.Kernel:
+    """The CP chain ("chain") or correction ("correct") kernel."""
+    kern = _kernels.get((part, pooled))
+    if kern is None:
+        kern = _load(f"gdn_prefill_cp_{part}_{'pool' if pooled else 'contest'}",
+                     CHAIN_BYTES if part == "chain" else CORRECT_BYTES)
+        _kernels[(part, pooled)] = kern
+    return kern
+
+
+def correct_chunks(T: int, segments: int) -> int:
+    """Correction blocks a (sequence, segment, head, rows), CORRECT_BLOCKS 16-token blocks each: enough
+    for the longest segment T tokens allow (a sequence spans at most ceil(T / 16) + 1 blocks)."""
+    most = ((T + 15) // 16 + 1 + segments - 1) // segments
+    return (most + CORRECT_BLOCKS - 1) // CORRECT_BLOCKS
+
+
+def _load(name: str, shmem: int) -> nvrtc.Kernel:
+    kern = nvrtc.load_kernel(CU, name, signature=SIGNATURE)
+    kern.set_attribute("MAX_DYNAMIC_SHARED_SIZE_BYTES", shmem)
     return kern
 
 
@@ -68,7 +118,8 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, norm, has_state, cfg):
+def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gates, norm, has_state, cfg,
+          segments=None):
     T, HQK, HV, N = q.shape[0], q.shape[1], v.shape[1], cu_seqlens.shape[0] - 1
     if N <= 0:
         return
@@ -79,26 +130,43 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
     if out.stride() != (out.shape[1] * DIM, DIM, 1) or out.data_ptr() % 16:
         raise ValueError("cuda_prefill_staged: out must be contiguous and 16-byte aligned")
     mats, factors = chunk_algebra(q, k, gates, cu_seqlens, HV, scale, raw_gates=raw_gates, norm=norm)
-    warps, stages = cfg or config(N, HV)
     pooled = slots is not None
-    kernel(warps, stages, pooled).launch(
-        N * HV * (DIM // (16 * warps)), 32 * warps,
-        q, k, v, mats, factors, state, slots, init, cu_seqlens, out, T, N, state.shape[0], HV, HQK, int(has_state),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), ss[0], ss[1], ss[2],
-        shmem=stages * stage_bytes(warps), stream=nvrtc.current_stream(q.get_device()))
+    stream = nvrtc.current_stream(q.get_device())
+    common = (q, k, v, mats, factors, state, slots, init, cu_seqlens, out, T, N, state.shape[0], HV, HQK,
+              int(has_state), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+              ss[0], ss[1], ss[2])
+    if not segments:
+        warps, stages = cfg or config(N, HV)
+        kernel(warps, stages, pooled).launch(N * HV * (DIM // (16 * warps)), 32 * warps, *common, 1, None, None,
+                                             None, shmem=stages * stage_bytes(warps), stream=stream)
+        return
+    if segments < 2:
+        raise ValueError(f"cuda_prefill_cp: at least 2 segments a sequence, got {segments}")
+    warps, stages = CP_WALK
+    cp = (*common, segments, torch.empty_like(out),  # o~: the key rows' outputs
+          torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.float32, device=q.device),  # B, then S_p
+          torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.bfloat16, device=q.device))  # A
+    kernel(warps, stages, pooled, cp=True).launch(N * segments * HV * 2 * (DIM // (16 * warps)), 32 * warps, *cp,
+                                                  shmem=stages * stage_bytes(warps), stream=stream)
+    cp_kernel("chain", pooled).launch(N * HV * (DIM // (16 * CHAIN_WARPS)), 32 * CHAIN_WARPS, *cp,
+                                      shmem=CHAIN_BYTES, stream=stream)
+    chunks = correct_chunks(T, segments)
+    cp_kernel("correct", pooled).launch(N * (segments - 1) * HV * chunks * (DIM // (16 * CORRECT_WARPS)),
+                                        32 * CORRECT_WARPS, *cp, shmem=CORRECT_BYTES, stream=stream)
 
 
 def gdn_prefill_pool_walk(q, k, v, g, beta, state_pool, state_indices, has_initial_state, cu_seqlens, out,
-                          scale, cfg: tuple[int, int] | None = None):
+                          scale, cfg: tuple[int, int] | None = None, segments: int | None = None):
     """The engines' prefill (gdn_prefill_pool_*). Returns (out, state_pool)."""
     if has_initial_state.dtype != torch.bool or state_indices.dtype != torch.int32 or cu_seqlens.dtype != torch.int32:
         raise ValueError("cuda_prefill_staged: int32 state_indices and cu_seqlens, bool has_initial_state")
     _walk(q, k, v, (g, beta, None, None), state_pool, state_indices, has_initial_state, cu_seqlens, out,
-          _resolve_scale(scale, DIM), raw_gates=False, norm=True, has_state=True, cfg=cfg)
+          _resolve_scale(scale, DIM), raw_gates=False, norm=True, has_state=True, cfg=cfg, segments=segments)
     return out, state_pool
 
 
-def gdn_prefill_walk(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, cfg: tuple[int, int] | None = None):
+def gdn_prefill_walk(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, cfg: tuple[int, int] | None = None,
+                     segments: int | None = None):
     """The contest's prefill (gdn_prefill_qk4_v8_d128_k_last): the final states written into `state` in
     place (a new zero state when None). Returns (out, state)."""
     T, HV, N = q.shape[0], v.shape[1], cu_seqlens.shape[0] - 1
@@ -109,23 +177,38 @@ def gdn_prefill_walk(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, cf
     if cu_seqlens.dtype != torch.int64:
         cu_seqlens = cu_seqlens.to(torch.int64)
     _walk(q, k, v, (a, b, A_log.contiguous(), dt_bias.contiguous()), state, None, None, cu_seqlens, out,
-          _resolve_scale(scale, DIM), raw_gates=True, norm=False, has_state=given, cfg=cfg)
+          _resolve_scale(scale, DIM), raw_gates=True, norm=False, has_state=given, cfg=cfg, segments=segments)
     return out, state
 
 
-def gdn_prefill_gathered_walk(q, k, v, g, beta, initial_state, cu_seqlens, out, scale, cfg=None):
+def gdn_prefill_gathered_walk(q, k, v, g, beta, initial_state, cu_seqlens, out, scale, cfg=None, segments=None):
     """vLLM's gathered states as a pool of one slot per sequence (prefill_gathered.py)."""
     n = initial_state.shape[0]
     return gdn_prefill_pool_walk(q, k, v, g, beta, initial_state, identity_slots(n, q.device),
-                                 all_true(n, q.device), cu_seqlens, out, scale, cfg=cfg)
+                                 all_true(n, q.device), cu_seqlens, out, scale, cfg=cfg, segments=segments)
+
+
+def _cp_fits(value_heads: int):
+    """CP's scratch (96 KiB a sequence, value head and segment past the first) within MAX_CP_STATES: CP
+    is for few (sequence, head) pairs; more fill the GPU without it."""
+    def fits(features: dict, kwargs: dict) -> str | None:
+        states = features["num_seqs"] * value_heads * (kwargs["segments"] - 1)
+        return None if states <= MAX_CP_STATES else f"{states} CP scratch states, above {MAX_CP_STATES}"
+    return fits
 
 
 _REQUIRES = ("triton", "cuda.core")
 variant("gdn_prefill", "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
         configs=LAUNCH_CONFIGS)(gdn_prefill_walk)
+variant("gdn_prefill", "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
+        configs=CP_CONFIGS, supports=_cp_fits(8))(gdn_prefill_walk)
 for _hq, _hv in PACKED_HEADS.values():
-    variant(pool_prefill_name(_hq, _hv), "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
-            configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_pool_walk)
+    for _name, _configs, _fits in (("cuda_prefill_staged", LAUNCH_CONFIGS, None),
+                                   ("cuda_prefill_cp", CP_CONFIGS, _cp_fits(_hv))):
+        variant(pool_prefill_name(_hq, _hv), _name, backend="cuda", archs=("sm90",), requires=_REQUIRES,
+                configs=_configs, supports=_fits, strided=True)(gdn_prefill_pool_walk)
 for _hq, _hv in GATHERED_HEADS.values():
-    variant(gathered_prefill_name(_hq, _hv), "cuda_prefill_staged", backend="cuda", archs=("sm90",),
-            requires=_REQUIRES, configs=LAUNCH_CONFIGS, strided=True)(gdn_prefill_gathered_walk)
+    for _name, _configs, _fits in (("cuda_prefill_staged", LAUNCH_CONFIGS, None),
+                                   ("cuda_prefill_cp", CP_CONFIGS, _cp_fits(_hv))):
+        variant(gathered_prefill_name(_hq, _hv), _name, backend="cuda", archs=("sm90",), requires=_REQUIRES,
+                configs=_configs, supports=_fits, strided=True)(gdn_prefill_gathered_walk)
