@@ -14,7 +14,10 @@ def args_for(definition: str, axes: dict, seed: int = 0) -> list:
 
 
 def runnable(definition: str, name: str):
-    v = registry.get(definition, name)
+    try:
+        v = registry.get(definition, name)
+    except KeyError:  # a variant not offered at every head count (cuda_prefill_cp)
+        pytest.skip(f"{name}: not registered for {definition}")
     why = v.why_not(arch.local_arch())
     if why:
         pytest.skip(f"{name}: {why}")

@@ -120,8 +120,22 @@ def test_malformed_cu_seqlens_is_a_no_op(name, bad):
     assert torch.equal(pool, before)
 
 
+@pytest.mark.parametrize("name", ["cuda_prefill_cp.p4", "cuda_prefill_cp.p16"])
+@pytest.mark.parametrize("hq,hv", [(2, 4), (8, 16)])
+@pytest.mark.parametrize("total,seqs", [(2048, 1), (3000, 3)])
+def test_context_parallel_on_long_sequences(hq, hv, total, seqs, name):
+    """CP's segments, chain and corrections where it is offered, one or a few long sequences (random
+    lengths: segment edges fall inside the packed batch's blocks), one of them without an initial state."""
+    v = runnable(hq, hv, name)
+    args = args_for(hq, hv, total, seqs, seqs + 2, seed=total)
+    if seqs > 1:
+        args[INIT][1] = False
+    want = reference(hq, hv, args)
+    check(v.fn(*args), want)
+
+
 @pytest.mark.parametrize("name", ["cuda_prefill_pool_rows.k4c16", "sglang_flashinfer_prefill",
-                                  "flashinfer_pool_inplace", "flashinfer_direct"])
+                                  "flashinfer_pool_inplace", "flashinfer_direct", "cuda_prefill_cp.p8"])
 @pytest.mark.parametrize("hq,hv", HEADS)
 def test_in_a_graph(hq, hv, name):
     v = runnable(hq, hv, name)

@@ -16,8 +16,10 @@ segment's transition A and the output correction o~), then chains S_{p+1} = S_p 
 adds S_p o~ to each later segment's outputs: four launches, scratch of 96 KiB a (sequence, value head,
 segment past the first), twice the walk's work. On the H200 (benchmarks/results/prefill-cp-H200.json)
 the walk's time over CP's best on one sequence of 2k-32k tokens: 2.0-4.7x at 4 value heads, 1.7-2.8x at
-8, 1.2-1.5x at 16; slower at 32 (the doubled work fills the GPU already) and on short sequences.
-`supports` offers it up to MAX_CP_STATES scratch states; the tuner measures where it pays.
+8, 1.2-1.5x at 16; slower at 32 (the doubled work fills the GPU already) and on short sequences. Against
+FlashInfer's chunked prefill with its own context parallelism (prefill-cp-baselines-H200.json): ahead at
+2k tokens, behind in graphs from 8k tokens (but at 4 heads x 8k), ahead eagerly up to 8k.
+`supports` offers it to the tuner where it can pay (CP_MAX_PAIRS, CP_MIN_TOKENS).
 
 Both launch plainly: the walk as a programmatic dependent of the first launch was slower in graphs at
 every shape measured (benchmarks/results/walk-pdl-ab-H200.txt).
@@ -59,8 +61,10 @@ CP_WALK = (2, 4)
 CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 2, 4, 4
 CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * CHAIN_WARPS * 136 * 4)  # the .cu's chain: two stages
 CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) * 2)  # correct: a stage a block
-# scratch a (sequence, value head, segment past the first): B / S_p fp32 and A bf16, 96 KiB
-MAX_CP_STATES = 512  # 48 MiB
+# Where CP is offered to the tuner (`supports`): few (sequence, value head) pairs, long batches. On the H200
+# (benchmarks/results/prefill-cp-H200.json) it won at up to 16 pairs from 1,024-2,048 tokens and lost at 32
+# pairs and above (its doubled work fills the GPU there); scratch: 96 KiB a pair and segment past the first.
+CP_MAX_PAIRS, CP_MIN_TOKENS = 16, 1024
 
 _kernels: dict[tuple, nvrtc.Kernel] = {}
 
@@ -188,27 +192,29 @@ def gdn_prefill_gathered_walk(q, k, v, g, beta, initial_state, cu_seqlens, out, 
                                  all_true(n, q.device), cu_seqlens, out, scale, cfg=cfg, segments=segments)
 
 
-def _cp_fits(value_heads: int):
-    """CP's scratch (96 KiB a sequence, value head and segment past the first) within MAX_CP_STATES: CP
-    is for few (sequence, head) pairs; more fill the GPU without it."""
-    def fits(features: dict, kwargs: dict) -> str | None:
-        states = features["num_seqs"] * value_heads * (kwargs["segments"] - 1)
-        return None if states <= MAX_CP_STATES else f"{states} CP scratch states, above {MAX_CP_STATES}"
-    return fits
+def _cp_offered(value_heads: int):
+    """CP for few (sequence, value head) pairs and long batches (CP_MAX_PAIRS, CP_MIN_TOKENS)."""
+    def offered(features: dict, kwargs: dict) -> str | None:
+        pairs = features["num_seqs"] * value_heads
+        if pairs > CP_MAX_PAIRS:
+            return f"{pairs} (sequence, value head) pairs: more than {CP_MAX_PAIRS} fill the GPU without CP"
+        if features["total_seq_len"] < CP_MIN_TOKENS:
+            return f"fewer than {CP_MIN_TOKENS} tokens"
+        return None
+    return offered
 
 
 _REQUIRES = ("triton", "cuda.core")
 variant("gdn_prefill", "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
         configs=LAUNCH_CONFIGS)(gdn_prefill_walk)
 variant("gdn_prefill", "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
-        configs=CP_CONFIGS, supports=_cp_fits(8))(gdn_prefill_walk)
-for _hq, _hv in PACKED_HEADS.values():
-    for _name, _configs, _fits in (("cuda_prefill_staged", LAUNCH_CONFIGS, None),
-                                   ("cuda_prefill_cp", CP_CONFIGS, _cp_fits(_hv))):
-        variant(pool_prefill_name(_hq, _hv), _name, backend="cuda", archs=("sm90",), requires=_REQUIRES,
-                configs=_configs, supports=_fits, strided=True)(gdn_prefill_pool_walk)
-for _hq, _hv in GATHERED_HEADS.values():
-    for _name, _configs, _fits in (("cuda_prefill_staged", LAUNCH_CONFIGS, None),
-                                   ("cuda_prefill_cp", CP_CONFIGS, _cp_fits(_hv))):
-        variant(gathered_prefill_name(_hq, _hv), _name, backend="cuda", archs=("sm90",), requires=_REQUIRES,
-                configs=_configs, supports=_fits, strided=True)(gdn_prefill_gathered_walk)
+        configs=CP_CONFIGS, supports=_cp_offered(8))(gdn_prefill_walk)
+# CP where one sequence is few enough pairs (not at 32 value heads)
+for _names, _fn in (((pool_prefill_name(hq, hv), hv) for hq, hv in PACKED_HEADS.values()), gdn_prefill_pool_walk), \
+                   (((gathered_prefill_name(hq, hv), hv) for hq, hv in GATHERED_HEADS.values()), gdn_prefill_gathered_walk):
+    for _definition, _hv in _names:
+        variant(_definition, "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
+                configs=LAUNCH_CONFIGS, strided=True)(_fn)
+        if _hv <= CP_MAX_PAIRS:
+            variant(_definition, "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
+                    configs=CP_CONFIGS, supports=_cp_offered(_hv), strided=True)(_fn)
