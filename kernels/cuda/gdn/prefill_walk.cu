@@ -129,6 +129,31 @@ __device__ __forceinline__ bool cu_valid(const CU* cu, int N, long long T, int t
     return !__syncthreads_or(bad);
 }
 
+// What every kernel here checks of sequence n before touching its state: the batch well formed (ok) and,
+// for a pool, its slot inside it (live); the contest's state n is sequence n's.
+struct Checked {
+    bool ok, live;
+    long long slot;
+};
+template <typename CU, bool SLOTS>
+__device__ __forceinline__ Checked check_sequence(const Args& A, const CU* cu, long long i_n, int tid, int threads) {
+    Checked c{cu_valid(cu, A.N, A.T, tid, threads), true, i_n};
+    if (SLOTS) {
+        c.slot = A.slots[i_n];
+        c.live = c.slot >= 0 && c.slot < A.num_slots;
+    }
+    return c;
+}
+
+// A lane's state fragments S[j] (rows r and r + 8, columns 8 j + t0 + {0, 1}) to fp32 rows `stride` apart.
+__device__ __forceinline__ void store_rows(float* row, long long stride, int t0, const float (*S)[4]) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        *reinterpret_cast<float2*>(row + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
+        *reinterpret_cast<float2*>(row + 8 * stride + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
+    }
+}
+
 // Segment p of P of the sequence [bos, eos) (CP): a share of the sequence's 16-token blocks of the packed
 // batch, so segment edges are block edges and the first launch's per-block matrices hold for segments as
 // they are; the first starts at bos, the last ends at eos, an empty one has seos == sbos.
@@ -170,15 +195,11 @@ __device__ __forceinline__ void walk(const Args& A) {
     const long long out_t = (long long)A.hv * 128;  // output token stride
     bf16_t* out = (keys ? A.aux : A.out) + i_h * 128 + v0;
 
-    const bool ok = cu_valid(cu, A.N, A.T, tid, THREADS);
-    long long slot = i_n;
-    bool live = true;
-    if (SLOTS) {
-        slot = A.slots[i_n];
-        live = slot >= 0 && slot < A.num_slots;
-    }
+    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
+    const bool ok = seq.ok;
+    const long long slot = seq.slot;
     long long bos = cu[i_n], eos = cu[i_n + 1];
-    if (!(ok && live)) {  // zero output rows, no state (CP: segment 0's value rows, over the sequence)
+    if (!(ok && seq.live)) {  // zero output rows, no state (CP: segment 0's value rows, over the sequence)
         if (p != 0 || keys) return;
         const long long lo = ok ? bos : i_n * A.T / A.N, hi = ok ? eos : (i_n + 1) * A.T / A.N;
         for (long long e = lo * (ROWS / 8) + tid; e < hi * (ROWS / 8); e += THREADS) {  // 16 bytes at a time
@@ -362,13 +383,7 @@ __device__ __forceinline__ void walk(const Args& A) {
         }
         return;
     }
-    float* drow = p == 0 ? srow : A.bs + cp_row;
-    const long long drow_t = p == 0 ? A.s_row : 128;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        *reinterpret_cast<float2*>(drow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
-        *reinterpret_cast<float2*>(drow + 8 * drow_t + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
-    }
+    store_rows(p == 0 ? srow : A.bs + cp_row, p == 0 ? A.s_row : 128, t0, S);
 }
 
 // ---- context parallel (CP): a sequence's segments walked at once, then put together ----
@@ -396,16 +411,10 @@ __device__ __forceinline__ void chain(const Args& A) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int i_vb = blockIdx.x % NVB, i_h = (blockIdx.x / NVB) % A.hv;
     const long long i_n = blockIdx.x / NVB / A.hv;
-    const bool ok = cu_valid(cu, A.N, A.T, tid, THREADS);
-    long long slot = i_n;
-    bool live = true;
-    if (SLOTS) {
-        slot = A.slots[i_n];
-        live = slot >= 0 && slot < A.num_slots;
-    }
-    if (!(ok && live)) return;  // the walk zeroed the outputs and left the state
+    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
+    if (!(seq.ok && seq.live)) return;  // the walk zeroed the outputs and left the state
     const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
-    float* srow = A.state + slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
+    float* srow = A.state + seq.slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
     float S[16][4];  // S_1 = B_0: where segment 0's walk left it
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -443,9 +452,8 @@ __device__ __forceinline__ void chain(const Args& A) {
         for (int j = 0; j < 16; ++j) {
             const float2 lo = lds_f2(s + lm_b + 8 * j * 4), hi = lds_f2(s + lm_b + (8 * BROW + 8 * j) * 4);
             acc[j][0] = lo.x; acc[j][1] = lo.y; acc[j][2] = hi.x; acc[j][3] = hi.y;
-            *reinterpret_cast<float2*>(prow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
-            *reinterpret_cast<float2*>(prow + 8 * 128 + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
         }
+        store_rows(prow, 128, t0, S);
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             a[kk][0] = pack_bf16(S[2 * kk][0], S[2 * kk][1]);
@@ -468,11 +476,7 @@ __device__ __forceinline__ void chain(const Args& A) {
             for (int c = 0; c < 4; ++c) S[j][c] = acc[j][c];
         __syncthreads();  // every warp done with this buffer before it is refilled
     }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        *reinterpret_cast<float2*>(srow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
-        *reinterpret_cast<float2*>(srow + 8 * A.s_row + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
-    }
+    store_rows(srow, A.s_row, t0, S);
 }
 
 #define FIX_BLOCKS 4  // 16-token blocks a correction block takes, all in flight at once
@@ -496,18 +500,12 @@ __device__ __forceinline__ void correct(const Args& A) {
     const long long rest = blockIdx.x / NVB / A.hv, i_c = rest % chunks, i_seg = rest / chunks;
     const long long i_n = i_seg / (A.P - 1);
     const int p = (int)(i_seg % (A.P - 1)) + 1;
-    const bool ok = cu_valid(cu, A.N, A.T, tid, THREADS);
-    long long slot = i_n;
-    bool live = true;
-    if (SLOTS) {
-        slot = A.slots[i_n];
-        live = slot >= 0 && slot < A.num_slots;
-    }
+    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
     long long bos, eos;
     segment_of(cu[i_n], cu[i_n + 1], p, A.P, bos, eos);
     const long long b0 = bos / 16 + i_c * FIX_BLOCKS, end = eos > bos ? (eos + 15) / 16 : 0;
     const long long b1 = b0 + FIX_BLOCKS < end ? b0 + FIX_BLOCKS : end;
-    if (!(ok && live) || b0 >= b1) return;
+    if (!(seq.ok && seq.live) || b0 >= b1) return;
     const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
     const long long out_t = (long long)A.hv * 128;
     const int len = (int)(eos - bos);
