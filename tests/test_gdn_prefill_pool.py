@@ -107,3 +107,23 @@ def test_segments_walked_apart_then_chained_give_the_whole_walk():
     torch.testing.assert_close(s1 @ a + b, whole_pool[0], rtol=1e-4, atol=1e-4)
     # the correction carries the first part: without it the outputs are far off
     assert (o_zero - want_out).abs().max() > 10 * (got_out - want_out).abs().max()
+
+
+def test_context_parallel_is_offered_only_to_few_long_sequences():
+    """cuda_prefill_cp's `supports` (the tuner measures it only there): up to CP_MAX_PAIRS (sequence,
+    value head) pairs from CP_MIN_TOKENS tokens; not registered where one sequence has more heads."""
+    from kdispatch import registry
+    from kdispatch.kernels.cuda.gdn import prefill_walk as pw
+
+    registry.discover()
+    for hq, hv in ((2, 4), (4, 8), (8, 16), (16, 32)):
+        name = f"gdn_prefill_pool_qk{hq}_v{hv}"
+        if hv > pw.CP_MAX_PAIRS:
+            with pytest.raises(KeyError):
+                registry.get(name, "cuda_prefill_cp.p8")
+            continue
+        v = registry.get(name, "cuda_prefill_cp.p8")
+        most = pw.CP_MAX_PAIRS // hv
+        assert v.declines({"num_seqs": most, "total_seq_len": pw.CP_MIN_TOKENS}) is None
+        assert "pairs" in v.declines({"num_seqs": most + 1, "total_seq_len": 10 * pw.CP_MIN_TOKENS})
+        assert "tokens" in v.declines({"num_seqs": 1, "total_seq_len": pw.CP_MIN_TOKENS - 1})
