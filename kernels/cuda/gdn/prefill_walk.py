@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from kdispatch import nvrtc
+from kdispatch import definitions, nvrtc
 from kdispatch.definitions.gdn.gathered import GATHERED_HEADS, all_true, gathered_prefill_name, identity_slots
 from kdispatch.definitions.gdn.names import PACKED_HEADS, pool_prefill_name
 from kdispatch.kernels.triton.gdn.decode_splitv import _resolve_scale
@@ -207,14 +207,15 @@ def _cp_offered(value_heads: int):
 _REQUIRES = ("triton", "cuda.core")
 variant("gdn_prefill", "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
         configs=LAUNCH_CONFIGS)(gdn_prefill_walk)
+_CONTEST_V_HEADS = definitions.get("gdn_prefill").const_axes["num_v_heads"]
 variant("gdn_prefill", "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
-        configs=CP_CONFIGS, supports=_cp_offered(8))(gdn_prefill_walk)
-# CP where one sequence is few enough pairs (not at 32 value heads)
-for _names, _fn in (((pool_prefill_name(hq, hv), hv) for hq, hv in PACKED_HEADS.values()), gdn_prefill_pool_walk), \
-                   (((gathered_prefill_name(hq, hv), hv) for hq, hv in GATHERED_HEADS.values()), gdn_prefill_gathered_walk):
-    for _definition, _hv in _names:
-        variant(_definition, "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
-                configs=LAUNCH_CONFIGS, strided=True)(_fn)
-        if _hv <= CP_MAX_PAIRS:
-            variant(_definition, "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
-                    configs=CP_CONFIGS, supports=_cp_offered(_hv), strided=True)(_fn)
+        configs=CP_CONFIGS, supports=_cp_offered(_CONTEST_V_HEADS))(gdn_prefill_walk)
+_ENGINE_PREFILLS = ([(pool_prefill_name(hq, hv), hv, gdn_prefill_pool_walk) for hq, hv in PACKED_HEADS.values()]
+                    + [(gathered_prefill_name(hq, hv), hv, gdn_prefill_gathered_walk)
+                       for hq, hv in GATHERED_HEADS.values()])
+for _definition, _hv, _fn in _ENGINE_PREFILLS:
+    variant(_definition, "cuda_prefill_staged", backend="cuda", archs=("sm90",), requires=_REQUIRES,
+            configs=LAUNCH_CONFIGS, strided=True)(_fn)
+    if _hv <= CP_MAX_PAIRS:  # CP where one sequence is few enough pairs (not at 32 value heads)
+        variant(_definition, "cuda_prefill_cp", backend="cuda", archs=("sm90",), requires=_REQUIRES,
+                configs=CP_CONFIGS, supports=_cp_offered(_hv), strided=True)(_fn)
