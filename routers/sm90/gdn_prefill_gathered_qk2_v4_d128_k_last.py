@@ -6,22 +6,28 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T21:37:30Z
+# measured    up to 2026-12-01T04:01:27Z
 # workloads   141 (workload-set digest 2fb88db0bbe44e34)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  19/19  0.97x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  19/19  1.09x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  19/19  1.13x
 #   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  127/134  0.64x  [7 screened out]
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  125/134  0.50x  [9 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  128/134  0.56x  [6 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  128/134  0.64x  [6 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  138/141  1.58x  [3 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  137/141  1.72x  [4 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  138/141  1.70x  [3 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  137/141  0.98x  [4 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  138/141  1.04x  [3 screened out]
 #   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  1.04x  [4 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.64x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
+#   cuda_prefill_cp.p16             segments=16
+#   cuda_prefill_cp.p4              segments=4
+#   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
@@ -36,56 +42,72 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 22.39% mean, 332.35% max;
-#             1.265x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 20.46% mean, 584.77% max;
-#             2.518x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 18.98% mean, 261.34% max;
+#             1.270x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 25.67% mean, 454.81% max;
+#             2.930x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 18 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   2. total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   3. total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9: triton_prefill_fused.c16v32, 10 workloads, 3.97x (2.12x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   4. 18 < total_seq_len <= 90 and num_seqs <= 1: triton_prefill_fused.c16v32, 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   5. 64 < total_seq_len <= 181 and num_seqs > 1 and mean_seq_len <= 9: flashinfer_direct, 8 workloads, 1.97x (1.10x .. 5.40x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. 90 < total_seq_len <= 724 and num_seqs <= 1: flashinfer_direct, 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   7. 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len <= 6: cuda_prefill_staged.r64s4, 10 workloads, 1.25x (1.04x .. 1.38x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 6: flashinfer_direct, 49 workloads, 2.11x (1.04x .. 5.82x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 724 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 6 workloads
-#   10. total_seq_len > 1874 and num_seqs > 1: vllm_flashinfer_prefill (baseline), 44 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 245: triton_prefill_fused.c16v32, 14 workloads, 4.53x (1.05x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8
+#   2. total_seq_len <= 724 and num_seqs > 31 and 5 < mean_seq_len <= 245: flashinfer_direct, 6 workloads, 1.08x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 754 and num_seqs > 31 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 11 workloads, 1.26x (1.14x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 1874 and 245 < mean_seq_len <= 596: cuda_prefill_staged.r64s4, 10 workloads, 1.71x (1.11x .. 2.55x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. total_seq_len <= 9553 and num_seqs <= 2 and mean_seq_len > 596: cuda_prefill_cp.p8, 4 workloads, 1.29x (1.13x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
+#   6. total_seq_len <= 9553 and num_seqs > 2 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   7. 68 < total_seq_len <= 754 and num_seqs <= 31 and mean_seq_len <= 245: flashinfer_direct, 34 workloads, 3.13x (1.14x .. 5.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len > 754 and num_seqs <= 22 and 45 < mean_seq_len <= 245: cuda_prefill_staged.r64s4, 11 workloads, 2.63x (1.08x .. 4.50x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
+#   9. total_seq_len > 754 and num_seqs <= 96 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   10. total_seq_len > 754 and num_seqs > 22 and 45 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   11. total_seq_len > 754 and num_seqs > 96 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 10 workloads, 1.22x (1.04x .. 1.40x) over vllm_flashinfer_prefill
+#   12. total_seq_len > 1874 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   13. total_seq_len > 9553 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 4 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 454 and num_seqs > 6 and 4 < mean_seq_len <= 167: cuda_prefill_pool_rows.k8c8, 12 workloads, 5.49x (2.45x .. 8.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 3465 and mean_seq_len > 167: cuda_prefill_staged.r64s4, 20 workloads, 4.36x (2.52x .. 6.58x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. num_seqs <= 6 and 4 < mean_seq_len <= 87: cuda_prefill_pool_rows.k16c8, 15 workloads, 6.60x (3.54x .. 9.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. num_seqs <= 6 and 87 < mean_seq_len <= 167: cuda_prefill_staged.r64s4, 7 workloads, 5.41x (4.08x .. 6.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. num_seqs <= 254 and mean_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 15 workloads, 4.26x (2.10x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. num_seqs > 254 and mean_seq_len <= 4: cuda_prefill_staged.r64s4, 6 workloads, 1.88x (1.32x .. 2.45x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. total_seq_len > 454 and num_seqs > 6 and 4 < mean_seq_len <= 167: cuda_prefill_staged.r64s4, 47 workloads, 2.84x (1.31x .. 8.50x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 3465 and num_seqs <= 22 and mean_seq_len > 167: vllm_flashinfer_prefill (baseline), 15 workloads
-#   9. total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 167: flashinfer_direct, 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 158 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 264 and 2 < num_seqs <= 8: cuda_prefill_pool_rows.k16c8, 18 workloads, 5.77x (2.65x .. 9.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 264 and num_seqs > 8: cuda_prefill_pool_rows.k8c8, 18 workloads, 4.69x (2.10x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 158 < total_seq_len <= 264 and num_seqs <= 2: cuda_prefill_staged.r64s4, 5 workloads, 5.94x (5.19x .. 7.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. 264 < total_seq_len <= 3465 and num_seqs <= 21 and mean_seq_len <= 53: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.02x (2.32x .. 5.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. 264 < total_seq_len <= 3465 and 53 < mean_seq_len <= 906: cuda_prefill_staged.r64s4, 35 workloads, 4.96x (2.05x .. 8.64x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   7. 264 < total_seq_len <= 3465 and mean_seq_len > 906: cuda_prefill_cp.p4, 2 workloads, 4.33x (4.21x .. 4.46x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   8. 264 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 53: cuda_prefill_staged.r64s4, 25 workloads, 2.33x (1.30x .. 4.69x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792: cuda_prefill_cp.p8, 4 workloads, 3.27x (2.20x .. 4.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   10. total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   12. total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   13. total_seq_len > 3465 and num_seqs > 5 and mean_seq_len > 596: cuda_prefill_staged.r64s4, 4 workloads, 3.61x (2.44x .. 4.86x) over vllm_flashinfer_prefill
+#   14. total_seq_len > 3465 and num_seqs > 35 and mean_seq_len <= 596: cuda_prefill_staged.r64s4, 11 workloads, 2.09x (1.15x .. 3.31x) over vllm_flashinfer_prefill; then flashinfer_direct
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 18)}, 'workloads': 2, 'speedup': (5.29, 6.87, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (None, 64)}, 'workloads': 6, 'speedup': (1.62, 5.1, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (1, None), 'total_seq_len': (None, 181)}, 'workloads': 10, 'speedup': (2.12, 3.97, 7.05), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (18, 90)}, 'workloads': 2, 'speedup': (2.85, 3.56, 4.44), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 9), 'num_seqs': (1, None), 'total_seq_len': (64, 181)}, 'workloads': 8, 'speedup': (1.1, 1.97, 5.4), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (90, 724)}, 'workloads': 4, 'speedup': (1.44, 2.02, 2.73), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (1, None), 'total_seq_len': (181, 1874)}, 'workloads': 10, 'speedup': (1.04, 1.25, 1.38), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (1, None), 'total_seq_len': (181, 1874)}, 'workloads': 49, 'speedup': (1.04, 2.11, 5.82), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (724, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (1874, None)}, 'workloads': 44, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 31), 'total_seq_len': (None, 68)}, 'workloads': 14, 'speedup': (1.05, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, 245), 'num_seqs': (31, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.06, 1.08, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (31, None), 'total_seq_len': (None, 754)}, 'workloads': 11, 'speedup': (1.14, 1.26, 1.42), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (None, 1874)}, 'workloads': 10, 'speedup': (1.11, 1.71, 2.55), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 9553)}, 'workloads': 4, 'speedup': (1.13, 1.29, 1.39), 'fallbacks': ('cuda_prefill_cp.p16',)},
+    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (2, None), 'total_seq_len': (None, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 31), 'total_seq_len': (68, 754)}, 'workloads': 34, 'speedup': (1.14, 3.13, 5.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (45, 245), 'num_seqs': (None, 22), 'total_seq_len': (754, None)}, 'workloads': 11, 'speedup': (1.08, 2.63, 4.5), 'fallbacks': ('triton_prefill_chunked.v64',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 96), 'total_seq_len': (754, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 245), 'num_seqs': (22, None), 'total_seq_len': (754, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (96, None), 'total_seq_len': (754, None)}, 'workloads': 10, 'speedup': (1.04, 1.22, 1.4), 'fallbacks': ()},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (1874, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None), 'total_seq_len': (9553, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (4, 167), 'num_seqs': (6, None), 'total_seq_len': (None, 454)}, 'workloads': 12, 'speedup': (2.45, 5.49, 8.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (167, None), 'total_seq_len': (None, 3465)}, 'workloads': 20, 'speedup': (2.52, 4.36, 6.58), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (4, 87), 'num_seqs': (None, 6)}, 'workloads': 15, 'speedup': (3.54, 6.6, 9.08), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (87, 167), 'num_seqs': (None, 6)}, 'workloads': 7, 'speedup': (4.08, 5.41, 6.85), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (None, 254)}, 'workloads': 15, 'speedup': (2.1, 4.26, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 4), 'num_seqs': (254, None)}, 'workloads': 6, 'speedup': (1.32, 1.88, 2.45), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (4, 167), 'num_seqs': (6, None), 'total_seq_len': (454, None)}, 'workloads': 47, 'speedup': (1.31, 2.84, 8.5), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (167, None), 'num_seqs': (None, 22), 'total_seq_len': (3465, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (167, None), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.14, 1.38, 1.63), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 158)}, 'workloads': 5, 'speedup': (5.33, 7.56, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (None, 264)}, 'workloads': 18, 'speedup': (2.65, 5.77, 9.08), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (None, 264)}, 'workloads': 18, 'speedup': (2.1, 4.69, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (158, 264)}, 'workloads': 5, 'speedup': (5.19, 5.94, 7.41), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (None, 21), 'total_seq_len': (264, 3465)}, 'workloads': 4, 'speedup': (2.32, 4.02, 5.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (53, 906), 'total_seq_len': (264, 3465)}, 'workloads': 35, 'speedup': (2.05, 4.96, 8.64), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (906, None), 'total_seq_len': (264, 3465)}, 'workloads': 2, 'speedup': (4.21, 4.33, 4.46), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (21, None), 'total_seq_len': (264, 3465)}, 'workloads': 25, 'speedup': (1.3, 2.33, 4.69), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (2.2, 3.27, 4.01), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (2.26, 2.28, 2.31), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (5, 35), 'total_seq_len': (3465, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (5, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (2.44, 3.61, 4.86), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (35, None), 'total_seq_len': (3465, None)}, 'workloads': 11, 'speedup': (1.15, 2.09, 3.31), 'fallbacks': ('flashinfer_direct',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,63 +116,90 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 6.87x (5.29x .. 8.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 18 and num_seqs <= 1:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 6 workloads, 5.10x (1.62x .. 8.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 64 and num_seqs > 1 and mean_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 10 workloads, 3.97x (2.12x .. 7.05x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 1 and mean_seq_len > 9:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 2 workloads, 3.56x (2.85x .. 4.44x) over vllm_flashinfer_prefill
-    if 18 < total_seq_len <= 90 and num_seqs <= 1:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 8 workloads, 1.97x (1.10x .. 5.40x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 181 and num_seqs > 1 and mean_seq_len <= 9:
+    # region 1: 14 workloads, 4.53x (1.05x .. 7.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 245:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 6 workloads, 1.08x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 31 and 5 < mean_seq_len <= 245:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 4 workloads, 2.02x (1.44x .. 2.73x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 724 and num_seqs <= 1:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 10 workloads, 1.25x (1.04x .. 1.38x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len <= 6:
+    # region 3: 11 workloads, 1.26x (1.14x .. 1.42x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 31 and mean_seq_len <= 5:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 49 workloads, 2.11x (1.04x .. 5.82x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 1874 and num_seqs > 1 and mean_seq_len > 6:
-        return 'flashinfer_direct'
-    # region 10: 44 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1874 and num_seqs > 1:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 4: 10 workloads, 1.71x (1.11x .. 2.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and 245 < mean_seq_len <= 596:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 4 workloads, 1.29x (1.13x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9553 and num_seqs <= 2 and mean_seq_len > 596:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 9553 and num_seqs > 2 and mean_seq_len > 596:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 34 workloads, 3.13x (1.14x .. 5.70x) over vllm_flashinfer_prefill
+    if 68 < total_seq_len <= 754 and num_seqs <= 31 and mean_seq_len <= 245:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 8: 11 workloads, 2.63x (1.08x .. 4.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 754 and num_seqs <= 22 and 45 < mean_seq_len <= 245:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 9 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 754 and num_seqs <= 96 and mean_seq_len <= 45:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 754 and num_seqs > 22 and 45 < mean_seq_len <= 245:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 10 workloads, 1.22x (1.04x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 754 and num_seqs > 96 and mean_seq_len <= 45:
+        return 'cuda_prefill_staged.r64s4'
+    # region 12: 12 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and 245 < mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 12 workloads, 5.49x (2.45x .. 8.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 454 and num_seqs > 6 and 4 < mean_seq_len <= 167:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 20 workloads, 4.36x (2.52x .. 6.58x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3465 and mean_seq_len > 167:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 3: 15 workloads, 6.60x (3.54x .. 9.08x) over vllm_flashinfer_prefill
-    if num_seqs <= 6 and 4 < mean_seq_len <= 87:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 7 workloads, 5.41x (4.08x .. 6.85x) over vllm_flashinfer_prefill
-    if num_seqs <= 6 and 87 < mean_seq_len <= 167:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 15 workloads, 4.26x (2.10x .. 9.04x) over vllm_flashinfer_prefill
-    if num_seqs <= 254 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 6 workloads, 1.88x (1.32x .. 2.45x) over vllm_flashinfer_prefill
-    if num_seqs > 254 and mean_seq_len <= 4:
+    # region 1: 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 158 and num_seqs <= 2:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 18 workloads, 5.77x (2.65x .. 9.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 264 and 2 < num_seqs <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 18 workloads, 4.69x (2.10x .. 9.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 264 and num_seqs > 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 5 workloads, 5.94x (5.19x .. 7.41x) over vllm_flashinfer_prefill
+    if 158 < total_seq_len <= 264 and num_seqs <= 2:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 4 workloads, 4.02x (2.32x .. 5.88x) over vllm_flashinfer_prefill
+    if 264 < total_seq_len <= 3465 and num_seqs <= 21 and mean_seq_len <= 53:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 6: 35 workloads, 4.96x (2.05x .. 8.64x) over vllm_flashinfer_prefill
+    if 264 < total_seq_len <= 3465 and 53 < mean_seq_len <= 906:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 47 workloads, 2.84x (1.31x .. 8.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 454 and num_seqs > 6 and 4 < mean_seq_len <= 167:
+    # region 7: 2 workloads, 4.33x (4.21x .. 4.46x) over vllm_flashinfer_prefill
+    if 264 < total_seq_len <= 3465 and mean_seq_len > 906:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
+    # region 8: 25 workloads, 2.33x (1.30x .. 4.69x) over vllm_flashinfer_prefill
+    if 264 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 53:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 4 workloads, 1.38x (1.14x .. 1.63x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 22 and mean_seq_len > 167:
-        return 'flashinfer_direct'
+    # region 9: 4 workloads, 3.27x (2.20x .. 4.01x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 10: 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608:
+        return 'cuda_prefill_cp.p16'
+    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 4 workloads, 3.61x (2.44x .. 4.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 5 and mean_seq_len > 596:
+        return 'cuda_prefill_staged.r64s4'
+    # region 14: 11 workloads, 2.09x (1.15x .. 3.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 35 and mean_seq_len <= 596:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
@@ -159,199 +208,207 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.49% mean, 70.19% max;
-#             1.373x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.04% mean, 71.78% max;
-#             2.944x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.82% mean, 72.40% max;
+#             1.366x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 12.15% mean, 260.06% max;
+#             3.105x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   1. total_seq_len <= 22 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
 #   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: flashinfer_direct, 2 workloads, 3.31x (3.12x .. 3.51x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
 #   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.55x (7.79x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 41: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
 #   8. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
 #   9. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and 12 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 30: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 30: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   12. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 30: flashinfer_direct, 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   13. total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   14. total_seq_len <= 181 and 51 < num_seqs <= 79 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
-#   15. total_seq_len <= 181 and 51 < num_seqs <= 79 and 6 < max_seq_len <= 12: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   16. total_seq_len <= 362 and 51 < num_seqs <= 79 and max_seq_len > 12: cuda_prefill_staged.r64s4, 2 workloads, 1.16x (1.16x .. 1.17x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len <= 2896 and num_seqs > 79 and 30 < max_seq_len <= 54: cuda_prefill_staged.r64s4, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-#   18. num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.59x (1.53x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
-#   19. num_seqs > 79 and mean_seq_len <= 2 and 11 < max_seq_len <= 30: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   20. num_seqs > 79 and mean_seq_len <= 17 and 54 < max_seq_len <= 399: cuda_prefill_staged.r64s4, 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. num_seqs > 79 and mean_seq_len <= 17 and max_seq_len > 399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   22. num_seqs > 79 and 2 < mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   23. num_seqs > 79 and 2 < mean_seq_len <= 5 and 8 < max_seq_len <= 30: cuda_prefill_staged.r64s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-#   24. num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 30: cuda_prefill_staged.r64s4, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-#   25. num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 54: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   26. 22 < total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   27. 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   28. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   29. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762: flashinfer_direct, 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
-#   30. 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   31. total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.61x (4.81x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   32. total_seq_len > 72 and num_seqs <= 10 and 41 < max_seq_len <= 711: flashinfer_direct, 33 workloads, 2.47x (1.36x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   33. total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
-#   36. 181 < total_seq_len <= 362 and 51 < num_seqs <= 79 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.40x (1.27x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8
-#   37. 362 < total_seq_len <= 5792 and 51 < num_seqs <= 79 and max_seq_len <= 653: flashinfer_direct, 7 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   38. 362 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   39. 362 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   40. 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   43. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   45. 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64; engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   47. total_seq_len > 2896 and 79 < num_seqs <= 181 and 30 < max_seq_len <= 54: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   48. total_seq_len > 2896 and num_seqs > 181 and 30 < max_seq_len <= 54: cuda_prefill_staged.r64s4, 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   49. 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   50. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   51. 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   52. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   53. 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   54. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   55. 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
-#   56. total_seq_len > 5792 and 51 < num_seqs <= 79 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   57. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   58. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267: flashinfer_direct, 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   59. 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
-#   60. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   61. total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 3 workloads
-#   62. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   63. total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and max_seq_len > 7665: vllm_flashinfer_prefill (baseline), 0 workloads
-#   64. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   65. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   13. total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 724 and num_seqs > 181 and max_seq_len > 191: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 1448 and 51 < num_seqs <= 90 and 191 < max_seq_len <= 444: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 1448 and 51 < num_seqs <= 90 and 444 < max_seq_len <= 450: flashinfer_direct, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len <= 1448 and 51 < num_seqs <= 90 and 450 < max_seq_len <= 896: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. total_seq_len <= 1448 and 51 < num_seqs <= 90 and max_seq_len > 896: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.23x .. 1.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 191: cuda_prefill_staged.r64s4, 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.65x (1.53x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
+#   22. total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and 10 < max_seq_len <= 191: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+#   23. total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 191: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   24. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 191: cuda_prefill_staged.r64s4, 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
+#   25. 22 < total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
+#   26. 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 711: cuda_prefill_cp.p4, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
+#   28. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 711: cuda_prefill_staged.r64s4, 5 workloads, 1.24x (1.06x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   29. 72 < total_seq_len <= 4833 and num_seqs <= 10 and max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.61x (4.81x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   30. 72 < total_seq_len <= 4833 and num_seqs <= 10 and 41 < max_seq_len <= 711: flashinfer_direct, 33 workloads, 2.47x (1.36x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   31. 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   32. 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 19 workloads, 2.37x (1.05x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   33. 724 < total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 191: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   34. 1448 < total_seq_len <= 4205 and 79 < num_seqs <= 181 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   35. 1448 < total_seq_len <= 4205 and 79 < num_seqs <= 181 and max_seq_len > 140: vllm_flashinfer_prefill (baseline), 0 workloads
+#   36. 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 2 workloads, 1.36x (1.35x .. 1.37x) over vllm_flashinfer_prefill
+#   37. 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len > 70: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   38. 1448 < total_seq_len <= 4833 and num_seqs <= 1 and max_seq_len > 2450: cuda_prefill_cp.p8, 2 workloads, 1.33x (1.29x .. 1.38x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p16, cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
+#   39. 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2450: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. 1448 < total_seq_len <= 4833 and num_seqs <= 51 and 711 < max_seq_len <= 1444: flashinfer_direct, 2 workloads, 1.30x (1.09x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   41. 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2450: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 1448 < total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 2450: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. 1448 < total_seq_len <= 5792 and 51 < num_seqs <= 79 and max_seq_len <= 653: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   44. 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   45. 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 1091 < max_seq_len <= 2873: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   46. 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 2873: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   47. 4205 < total_seq_len <= 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   48. 4205 < total_seq_len <= 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   49. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 38 and 221 < max_seq_len <= 585: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   50. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and max_seq_len <= 221: cuda_prefill_staged.r64s4, 3 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   51. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and 585 < max_seq_len <= 2884: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   52. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 38 and 221 < max_seq_len <= 585: vllm_flashinfer_prefill (baseline), 0 workloads
+#   53. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and max_seq_len <= 221: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   54. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and 585 < max_seq_len <= 2884: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   55. total_seq_len > 4205 and num_seqs > 181 and max_seq_len > 5502: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   56. 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 3029: cuda_prefill_staged.r64s4, 3 workloads, 1.41x (1.05x .. 1.71x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   57. 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   58. total_seq_len > 4833 and num_seqs <= 5 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   59. total_seq_len > 4833 and num_seqs <= 22 and 762 < max_seq_len <= 1797: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+#   60. total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len <= 362 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   61. total_seq_len > 4833 and num_seqs <= 51 and max_seq_len <= 636: flashinfer_direct, 3 workloads, 1.58x (1.03x .. 3.61x) over vllm_flashinfer_prefill
+#   62. total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len > 362 and 636 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   63. total_seq_len > 4833 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   64. total_seq_len > 4833 and 22 < num_seqs <= 51 and max_seq_len > 1444: cuda_prefill_staged.r64s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   65. total_seq_len > 5792 and 51 < num_seqs <= 79 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   66. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   67. total_seq_len > 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   68. total_seq_len > 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502: vllm_flashinfer_prefill (baseline), 0 workloads
+#   69. total_seq_len > 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   70. total_seq_len > 23170 and 5 < num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
+#   71. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   72. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 72 and max_seq_len > 15: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.49x (6.10x .. 9.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 158 and max_seq_len <= 15: cuda_prefill_pool_rows.k8c8, 10 workloads, 6.61x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. 72 < total_seq_len <= 158 and 15 < max_seq_len <= 40: cuda_prefill_pool_rows.k8c8, 4 workloads, 7.27x (5.96x .. 8.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 72 < total_seq_len <= 158 and max_seq_len > 40: cuda_prefill_pool_rows.k16c8, 8 workloads, 4.16x (2.85x .. 5.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. 158 < total_seq_len <= 374 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 4.23x (4.23x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 158 < total_seq_len <= 374 and 9 < max_seq_len <= 123: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.28x (3.00x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 158 < total_seq_len <= 374 and max_seq_len > 123: cuda_prefill_staged.r64s4, 9 workloads, 4.42x (2.14x .. 6.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. 374 < total_seq_len <= 567 and num_seqs <= 11: cuda_prefill_staged.r64s4, 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len <= 93: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.69x (2.35x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len > 93: cuda_prefill_staged.r64s4, 3 workloads, 3.60x (2.40x .. 4.41x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   11. 374 < total_seq_len <= 1448 and num_seqs > 45 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.85x (2.17x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len <= 11 and 30 < max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   13. 374 < total_seq_len <= 3465 and num_seqs > 45 and max_seq_len > 49: cuda_prefill_staged.r64s4, 8 workloads, 1.93x (1.52x .. 2.45x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len > 11 and 30 < max_seq_len <= 49: cuda_prefill_staged.r64s4, 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 567 < total_seq_len <= 3465 and num_seqs <= 45: cuda_prefill_staged.r64s4, 33 workloads, 4.09x (1.57x .. 7.70x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   16. 1448 < total_seq_len <= 3465 and num_seqs > 45 and max_seq_len <= 30: cuda_prefill_staged.r64s4, 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_fused.c16v32
-#   17. 3465 < total_seq_len <= 5947 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   18. 3465 < total_seq_len <= 23514 and num_seqs > 22 and max_seq_len > 11024: flashinfer_direct, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
-#   19. total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   20. total_seq_len > 3465 and num_seqs <= 11 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 8 workloads
-#   21. total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 3 workloads, 3.49x (2.03x .. 6.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 3465 and 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   23. total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024: cuda_prefill_staged.r64s4, 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362: cuda_prefill_staged.r64s4, 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   25. total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362: flashinfer_direct, 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 23514 and num_seqs > 22 and max_seq_len > 11024: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 158 and 91 < max_seq_len <= 2045: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.94x (3.69x .. 5.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 181 and 27 < max_seq_len <= 91: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.64x (2.85x .. 8.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 362 and 8 < max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.74x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.26x (2.91x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct
+#   6. total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: cuda_prefill_cp.p16, 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
+#   7. num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: flashinfer_direct, 1 workloads, 2.62x (2.62x .. 2.62x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   8. num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093: flashinfer_direct, 1 workloads, 2.04x (2.04x .. 2.04x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   9. num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   10. 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: cuda_prefill_staged.r64s4, 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   11. 11 < num_seqs <= 22 and 2045 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   13. num_seqs > 22 and 2045 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 4 workloads, 1.57x (1.15x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. num_seqs > 22 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
+#   15. 158 < total_seq_len <= 533 and 91 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 22 workloads, 4.42x (2.01x .. 8.37x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   16. 181 < total_seq_len <= 362 and 27 < max_seq_len <= 91: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.78x (4.27x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 362 < total_seq_len <= 533 and num_seqs <= 45 and 27 < max_seq_len <= 91: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.69x (2.35x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 362 < total_seq_len <= 533 and 8 < max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.15x (2.73x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 362 < total_seq_len <= 533 and num_seqs > 45 and 27 < max_seq_len <= 91: cuda_prefill_staged.r64s4, 1 workloads, 3.67x (3.67x .. 3.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. total_seq_len > 533 and mean_seq_len <= 11 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.48x (2.17x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   21. total_seq_len > 533 and 28 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 54 workloads, 3.68x (1.73x .. 8.64x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. total_seq_len > 533 and mean_seq_len > 11 and max_seq_len <= 28: cuda_prefill_staged.r64s4, 1 workloads, 3.99x (3.99x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
     {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.12, 3.31, 3.51), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 3, 'speedup': (7.79, 8.55, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
     {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
     {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 18), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 30), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 30), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
     {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (30, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.36, 5.36, 5.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (51, 79), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.8, 1.8, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, 12), 'num_seqs': (51, 79), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (1.61, 1.61, 1.61), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (12, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (1.16, 1.16, 1.17), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 54), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ()},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (79, None)}, 'workloads': 3, 'speedup': (1.53, 1.59, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 30), 'mean_seq_len': (None, 2), 'num_seqs': (79, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (54, 399), 'mean_seq_len': (None, 17), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (399, None), 'mean_seq_len': (None, 17), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, 5), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 30), 'mean_seq_len': (2, 5), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 30), 'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (17, None), 'num_seqs': (79, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (22, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, None), 'num_seqs': (1, 51), 'total_seq_len': (72, 1448)}, 'workloads': 5, 'speedup': (1.04, 1.18, 1.53), 'fallbacks': ()},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (72, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (4.81, 5.61, 7.05), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, None)}, 'workloads': 33, 'speedup': (1.36, 2.47, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (72, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, None)}, 'workloads': 22, 'speedup': (1.03, 2.25, 5.82), 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'num_seqs': (51, 79), 'total_seq_len': (181, 362)}, 'workloads': 2, 'speedup': (1.27, 1.4, 1.54), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 653), 'num_seqs': (51, 79), 'total_seq_len': (362, 5792)}, 'workloads': 7, 'speedup': (1.06, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (362, 23170)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, None), 'num_seqs': (51, 79), 'total_seq_len': (362, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 40, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (None, 11), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (181, None), 'num_seqs': (11, 51), 'total_seq_len': (1448, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.09, 1.51, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2563), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64'), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 47, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (30, 54), 'num_seqs': (79, 181), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 54), 'num_seqs': (181, None), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.11, 1.11, 1.11), 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 9553)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 11), 'total_seq_len': (5792, 9553)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 3465), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (11, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (22, 51), 'total_seq_len': (5792, 9553)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
-    {'region': 56, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 58, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 1, 'speedup': (1.69, 1.69, 1.69), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (9553, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 60, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1444, 3465), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 61, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 51), 'total_seq_len': (9553, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 62, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 7665), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 63, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7665, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 51), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 64, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 65, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (181, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, 444), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (444, 450), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (450, 896), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (896, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.23, 1.38, 1.54), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 191), 'mean_seq_len': (2, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.14, 1.15, 1.18), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.53, 1.65, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 191), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (90, 181), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 191), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.39, 1.39, 1.4), 'fallbacks': ()},
+    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (22, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (711, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16'), 'hand_back': True},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (711, None), 'num_seqs': (1, 51), 'total_seq_len': (72, 1448)}, 'workloads': 5, 'speedup': (1.06, 1.24, 1.63), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'num_seqs': (None, 10), 'total_seq_len': (72, 4833)}, 'workloads': 4, 'speedup': (4.81, 5.61, 7.05), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, 4833)}, 'workloads': 33, 'speedup': (1.36, 2.47, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, 4833)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, 4833)}, 'workloads': 19, 'speedup': (1.05, 2.37, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'num_seqs': (79, 181), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (140, None), 'num_seqs': (79, 181), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'num_seqs': (181, None), 'total_seq_len': (1448, 4205)}, 'workloads': 2, 'speedup': (1.35, 1.36, 1.37), 'fallbacks': ()},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, None), 'num_seqs': (181, None), 'total_seq_len': (1448, 4205)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 38, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2450, None), 'num_seqs': (None, 1), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.29, 1.33, 1.38), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4'), 'hand_back': True},
+    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 2450), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.09, 1.3, 1.56), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2450), 'mean_seq_len': (181, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2450, None), 'num_seqs': (1, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 653), 'num_seqs': (51, 79), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (1448, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, 2873), 'num_seqs': (51, 79), 'total_seq_len': (1448, 23170)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2873, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 23170)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5502, None), 'num_seqs': (79, 181), 'total_seq_len': (4205, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2884, 5502), 'num_seqs': (79, None), 'total_seq_len': (4205, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (221, 585), 'mean_seq_len': (None, 38), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 50, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 221), 'mean_seq_len': (None, 53), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 3, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 51, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (585, 2884), 'mean_seq_len': (None, 53), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, 585), 'mean_seq_len': (38, None), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 221), 'mean_seq_len': (53, None), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (585, 2884), 'mean_seq_len': (53, None), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5502, None), 'num_seqs': (181, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 56, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1797, 3029), 'num_seqs': (5, 22), 'total_seq_len': (4833, 23170)}, 'workloads': 3, 'speedup': (1.05, 1.41, 1.71), 'fallbacks': (), 'hand_back': True},
+    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (5, 22), 'total_seq_len': (4833, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (None, 5), 'total_seq_len': (4833, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 59, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1797), 'num_seqs': (None, 22), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ()},
+    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 61, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'num_seqs': (None, 51), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.03, 1.58, 3.61), 'fallbacks': ()},
+    {'region': 62, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 63, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 51), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 64, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 51), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': (), 'hand_back': True},
+    {'region': 65, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5502, None), 'num_seqs': (79, 181), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 68, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2884, 5502), 'num_seqs': (79, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 69, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1797, 5267), 'num_seqs': (5, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 70, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (5, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 71, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 72, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, None), 'total_seq_len': (None, 72)}, 'workloads': 7, 'speedup': (6.1, 7.49, 9.08), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 15), 'total_seq_len': (None, 158)}, 'workloads': 10, 'speedup': (3.0, 6.61, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 40), 'total_seq_len': (72, 158)}, 'workloads': 4, 'speedup': (5.96, 7.27, 8.83), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (40, None), 'total_seq_len': (72, 158)}, 'workloads': 8, 'speedup': (2.85, 4.16, 5.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'total_seq_len': (158, 374)}, 'workloads': 1, 'speedup': (4.23, 4.23, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 123), 'total_seq_len': (158, 374)}, 'workloads': 8, 'speedup': (3.0, 5.28, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (123, None), 'total_seq_len': (158, 374)}, 'workloads': 9, 'speedup': (2.14, 4.42, 6.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 11), 'total_seq_len': (374, 567)}, 'workloads': 7, 'speedup': (2.97, 5.04, 8.5), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 93), 'num_seqs': (11, 45), 'total_seq_len': (374, 567)}, 'workloads': 3, 'speedup': (2.35, 3.69, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (93, None), 'num_seqs': (11, 45), 'total_seq_len': (374, 567)}, 'workloads': 3, 'speedup': (2.4, 3.6, 4.41), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (45, None), 'total_seq_len': (374, 1448)}, 'workloads': 8, 'speedup': (2.17, 2.85, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 1, 'speedup': (2.4, 2.4, 2.4), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (49, None), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 8, 'speedup': (1.52, 1.93, 2.45), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (30, 49), 'mean_seq_len': (11, None), 'num_seqs': (45, None), 'total_seq_len': (374, 3465)}, 'workloads': 1, 'speedup': (3.7, 3.7, 3.7), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 45), 'total_seq_len': (567, 3465)}, 'workloads': 33, 'speedup': (1.57, 4.09, 7.7), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (45, None), 'total_seq_len': (1448, 3465)}, 'workloads': 1, 'speedup': (2.64, 2.64, 2.64), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'total_seq_len': (3465, 5947)}, 'workloads': 1, 'speedup': (2.86, 2.86, 2.86), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (3465, 23514)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 4093), 'num_seqs': (None, 11), 'total_seq_len': (3465, None)}, 'workloads': 3, 'speedup': (2.92, 3.18, 3.75), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'num_seqs': (None, 11), 'total_seq_len': (3465, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 5420), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 3, 'speedup': (2.03, 3.49, 6.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22), 'total_seq_len': (3465, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (362, 11024), 'num_seqs': (22, None), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.28, 1.69, 2.33), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (None, 181), 'total_seq_len': (5947, None)}, 'workloads': 4, 'speedup': (1.56, 1.89, 2.37), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 362), 'mean_seq_len': (181, None), 'total_seq_len': (5947, None)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (11024, None), 'num_seqs': (22, None), 'total_seq_len': (23514, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (91, 2045), 'total_seq_len': (None, 158)}, 'workloads': 4, 'speedup': (3.69, 4.94, 5.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (27, 91), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (2.85, 5.64, 8.39), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 27), 'total_seq_len': (None, 362)}, 'workloads': 8, 'speedup': (3.0, 6.74, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 45), 'total_seq_len': (None, 533)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (45, None), 'total_seq_len': (None, 533)}, 'workloads': 5, 'speedup': (2.91, 3.26, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 28435)}, 'workloads': 2, 'speedup': (1.38, 1.77, 2.26), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (2.62, 2.62, 2.62), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2563, 4093), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.04, 2.04, 2.04), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (4.13, 4.13, 4.13), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 5420), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 16368), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.15, 1.57, 2.13), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 2045), 'total_seq_len': (158, 533)}, 'workloads': 22, 'speedup': (2.01, 4.42, 8.37), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 91), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (4.27, 5.78, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 91), 'num_seqs': (None, 45), 'total_seq_len': (362, 533)}, 'workloads': 3, 'speedup': (2.35, 4.69, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 27), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.73, 3.15, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (27, 91), 'num_seqs': (45, None), 'total_seq_len': (362, 533)}, 'workloads': 1, 'speedup': (3.67, 3.67, 3.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (None, 11), 'total_seq_len': (533, None)}, 'workloads': 4, 'speedup': (2.17, 2.48, 2.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 2045), 'total_seq_len': (533, None)}, 'workloads': 54, 'speedup': (1.73, 3.68, 8.64), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (11, None), 'total_seq_len': (533, None)}, 'workloads': 1, 'speedup': (3.99, 3.99, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (28435, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -362,7 +419,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 22 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
@@ -380,7 +437,7 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 41:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
     # region 8: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k4c8'
@@ -389,158 +446,173 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 10: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'flashinfer_direct'
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
     # region 11: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 30:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 12: 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 30:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
     # region 13: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
     if total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 1.80x (1.80x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 51 < num_seqs <= 79 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 1 workloads, 1.61x (1.61x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 51 < num_seqs <= 79 and 6 < max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 2 workloads, 1.16x (1.16x .. 1.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 51 < num_seqs <= 79 and max_seq_len > 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 181 and max_seq_len > 191:
+        return 'cuda_prefill_staged.r64s4'
+    # region 15: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and 191 < max_seq_len <= 444:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 79 and 30 < max_seq_len <= 54:
-        return 'cuda_prefill_staged.r64s4'
-    # region 18: 3 workloads, 1.59x (1.53x .. 1.64x) over vllm_flashinfer_prefill
-    if num_seqs > 79 and mean_seq_len <= 2 and max_seq_len <= 11:
+    # region 16: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and 444 < max_seq_len <= 450:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and 450 < max_seq_len <= 896:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and max_seq_len > 896:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 19: 2 workloads, 1.38x (1.23x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 191:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 5 workloads, 1.65x (1.53x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 79 and mean_seq_len <= 2 and 11 < max_seq_len <= 30:
+    # region 22: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and 10 < max_seq_len <= 191:
         return 'cuda_prefill_staged.r64s4'
-    # region 20: 1 workloads, 1.25x (1.25x .. 1.25x) over vllm_flashinfer_prefill's guarded call
-    if num_seqs > 79 and mean_seq_len <= 17 and 54 < max_seq_len <= 399:
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 191:
         return 'cuda_prefill_staged.r64s4'
-    # region 21: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 79 and mean_seq_len <= 17 and max_seq_len > 399:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill
-    if num_seqs > 79 and 2 < mean_seq_len <= 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-    if num_seqs > 79 and 2 < mean_seq_len <= 5 and 8 < max_seq_len <= 30:
+    # region 24: 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 191:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 30:
-        return 'cuda_prefill_staged.r64s4'
-    # region 25: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 54:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 22 < total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
     if 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 28: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 762:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 5 workloads, 1.18x (1.04x .. 1.53x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 762:
-        return 'flashinfer_direct'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 72 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 31: 4 workloads, 5.61x (4.81x .. 7.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and num_seqs <= 10 and max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 27: 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call
+    if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 711:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
+    # region 28: 5 workloads, 1.24x (1.06x .. 1.63x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 711:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 4 workloads, 5.61x (4.81x .. 7.05x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 4833 and num_seqs <= 10 and max_seq_len <= 41:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 33 workloads, 2.47x (1.36x .. 4.17x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and num_seqs <= 10 and 41 < max_seq_len <= 711:
+    # region 30: 33 workloads, 2.47x (1.36x .. 4.17x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 4833 and num_seqs <= 10 and 41 < max_seq_len <= 711:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 72 and num_seqs <= 51 and mean_seq_len > 362 and 711 < max_seq_len <= 762:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 34: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 10 < num_seqs <= 51 and max_seq_len <= 22:
+    # region 31: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and max_seq_len <= 22:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 35: 22 workloads, 2.25x (1.03x .. 5.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 72 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711:
-        return 'flashinfer_direct'
-    # region 36: 2 workloads, 1.40x (1.27x .. 1.54x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and 51 < num_seqs <= 79 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 7 workloads, 1.09x (1.06x .. 1.12x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 5792 and 51 < num_seqs <= 79 and max_seq_len <= 653:
+    # region 32: 19 workloads, 2.37x (1.05x .. 5.82x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 38: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091:
-        return 'flashinfer_direct'
-    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 362 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 1091:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:
-        return 'triton_prefill_chunked.v64'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 11 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 5792 and num_seqs <= 51 and max_seq_len > 2563:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:
-        return 'flashinfer_direct'
-    # region 44: 3 workloads, 1.51x (1.09x .. 2.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 51 and 762 < max_seq_len <= 1444:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 45: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and num_seqs <= 51 and mean_seq_len <= 362 and 711 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 79 < num_seqs <= 181 and 30 < max_seq_len <= 54:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 48: 1 workloads, 1.11x (1.11x .. 1.11x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and num_seqs > 181 and 30 < max_seq_len <= 54:
+    # region 33: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if 724 < total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 191:
         return 'cuda_prefill_staged.r64s4'
-    # region 49: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and num_seqs <= 5 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 4205 and 79 < num_seqs <= 181 and max_seq_len <= 140:
+        return 'cuda_prefill_staged.r64s4'
+    # region 36: 2 workloads, 1.36x (1.35x .. 1.37x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len <= 70:
+        return 'cuda_prefill_staged.r64s4'
+    # region 37: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len > 70:
+        return 'cuda_prefill_staged.r64s4'
+    # region 38: 2 workloads, 1.33x (1.29x .. 1.38x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 4833 and num_seqs <= 1 and max_seq_len > 2450:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 39: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2450:
+        return 'triton_prefill_chunked.v64'
+    # region 40: 2 workloads, 1.30x (1.09x .. 1.56x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and 711 < max_seq_len <= 1444:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2450:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and 51 < num_seqs <= 79 and max_seq_len <= 653:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 51: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and max_seq_len > 2142:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill's guarded call
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 44: 0 workloads, by estimated times (no measured workload in it)
+    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091:
+        return 'flashinfer_direct'
+    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 1091 < max_seq_len <= 2873:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 2873:
+        return 'cuda_prefill_staged.r64s4'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if 4205 < total_seq_len <= 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502:
+        return 'cuda_prefill_staged.r64s4'
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    if 4205 < total_seq_len <= 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502:
+        return 'cuda_prefill_staged.r64s4'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 38 and 221 < max_seq_len <= 585:
+        return 'cuda_prefill_staged.r64s4'
+    # region 50: 3 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and max_seq_len <= 221:
+        return 'cuda_prefill_staged.r64s4'
+    # region 51: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and 585 < max_seq_len <= 2884:
+        return 'cuda_prefill_staged.r64s4'
     # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and max_seq_len > 3465:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 0 workloads, by estimated times (no measured workload in it)
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and max_seq_len <= 221:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 54: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and 585 < max_seq_len <= 2884:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 55: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and max_seq_len > 5267:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 4205 and num_seqs > 181 and max_seq_len > 5502:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 56: 3 workloads, 1.41x (1.05x .. 1.71x) over vllm_flashinfer_prefill's guarded call
+    if 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 3029:
+        return 'cuda_prefill_staged.r64s4'
+    # region 57: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and max_seq_len > 3029:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 58: 7 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4833 and num_seqs <= 5 and max_seq_len > 1797:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 59: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 4833 and num_seqs <= 22 and 762 < max_seq_len <= 1797:
+        return 'flashinfer_direct'
+    # region 60: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len <= 362 and 636 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 61: 3 workloads, 1.58x (1.03x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 4833 and num_seqs <= 51 and max_seq_len <= 636:
+        return 'flashinfer_direct'
+    # region 62: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len > 362 and 636 < max_seq_len <= 762:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 63: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4833 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 64: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 4833 and 22 < num_seqs <= 51 and max_seq_len > 1444:
+        return 'cuda_prefill_staged.r64s4'
+    # region 65: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and max_seq_len <= 636:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 57: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 66: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 58: 1 workloads, 1.69x (1.69x .. 1.69x) over vllm_flashinfer_prefill's guarded call
-    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 60: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:
+    # region 67: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 69: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 5267:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 62: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 64: 0 workloads, by estimated times (no measured workload in it)
+    # region 71: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -549,103 +621,103 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 7.49x (6.10x .. 9.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and max_seq_len > 15:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 10 workloads, 6.61x (3.00x .. 9.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and max_seq_len <= 15:
+    # region 1: 4 workloads, 4.94x (3.69x .. 5.81x) over vllm_flashinfer_prefill
+    if total_seq_len <= 158 and 91 < max_seq_len <= 2045:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 11 workloads, 5.64x (2.85x .. 8.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 27 < max_seq_len <= 91:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 8 workloads, 6.74x (3.00x .. 9.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 8 < max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 4 workloads, 7.27x (5.96x .. 8.83x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 158 and 15 < max_seq_len <= 40:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 8 workloads, 4.16x (2.85x .. 5.81x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 158 and max_seq_len > 40:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 1 workloads, 4.23x (4.23x .. 4.23x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 374 and max_seq_len <= 9:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 8 workloads, 5.28x (3.00x .. 7.43x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 374 and 9 < max_seq_len <= 123:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 9 workloads, 4.42x (2.14x .. 6.53x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 374 and max_seq_len > 123:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 7 workloads, 5.04x (2.97x .. 8.50x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 567 and num_seqs <= 11:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, 3.69x (2.35x .. 6.20x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len <= 93:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 3 workloads, 3.60x (2.40x .. 4.41x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 567 and 11 < num_seqs <= 45 and max_seq_len > 93:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 8 workloads, 2.85x (2.17x .. 3.39x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 1448 and num_seqs > 45 and max_seq_len <= 30:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 1 workloads, 2.40x (2.40x .. 2.40x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len <= 11 and 30 < max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 8 workloads, 1.93x (1.52x .. 2.45x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 3465 and num_seqs > 45 and max_seq_len > 49:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, 3.70x (3.70x .. 3.70x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 3465 and num_seqs > 45 and mean_seq_len > 11 and 30 < max_seq_len <= 49:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 33 workloads, 4.09x (1.57x .. 7.70x) over vllm_flashinfer_prefill
-    if 567 < total_seq_len <= 3465 and num_seqs <= 45:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, 2.64x (2.64x .. 2.64x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 3465 and num_seqs > 45 and max_seq_len <= 30:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 2.86x (2.86x .. 2.86x) over vllm_flashinfer_prefill
-    if 3465 < total_seq_len <= 5947 and max_seq_len <= 362:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
-    if 3465 < total_seq_len <= 23514 and num_seqs > 22 and max_seq_len > 11024:
-        return 'flashinfer_direct'
-    # region 19: 3 workloads, 3.18x (2.92x .. 3.75x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 11 and 362 < max_seq_len <= 4093:
+    # region 5: 5 workloads, 3.26x (2.91x .. 4.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045:
+        return 'cuda_prefill_cp.p16'
+    # region 7: 1 workloads, 2.62x (2.62x .. 2.62x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 8: 1 workloads, 2.04x (2.04x .. 2.04x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093:
+        return ('flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 3 workloads, 3.49x (2.03x .. 6.85x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and 11 < num_seqs <= 22 and 362 < max_seq_len <= 5420:
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < num_seqs <= 22 and 2045 < max_seq_len <= 5420:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and 11 < num_seqs <= 22 and max_seq_len > 5420:
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 11 < num_seqs <= 22 and max_seq_len > 5420:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 7 workloads, 1.69x (1.28x .. 2.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 22 and 362 < max_seq_len <= 11024:
+    # region 13: 4 workloads, 1.57x (1.15x .. 2.13x) over vllm_flashinfer_prefill
+    if num_seqs > 22 and 2045 < max_seq_len <= 16368:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 4 workloads, 1.89x (1.56x .. 2.37x) over vllm_flashinfer_prefill
-    if total_seq_len > 5947 and mean_seq_len <= 181 and max_seq_len <= 362:
+    # region 15: 22 workloads, 4.42x (2.01x .. 8.37x) over vllm_flashinfer_prefill
+    if 158 < total_seq_len <= 533 and 91 < max_seq_len <= 2045:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, 1.59x (1.59x .. 1.59x) over vllm_flashinfer_prefill
-    if total_seq_len > 5947 and mean_seq_len > 181 and max_seq_len <= 362:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 16: 4 workloads, 5.78x (4.27x .. 7.43x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and 27 < max_seq_len <= 91:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 17: 3 workloads, 4.69x (2.35x .. 7.11x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs <= 45 and 27 < max_seq_len <= 91:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 18: 2 workloads, 3.15x (2.73x .. 3.63x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and 8 < max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 1 workloads, 3.67x (3.67x .. 3.67x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 45 and 27 < max_seq_len <= 91:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 4 workloads, 2.48x (2.17x .. 2.85x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and mean_seq_len <= 11 and max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 54 workloads, 3.68x (1.73x .. 8.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and 28 < max_seq_len <= 2045:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 3.99x (3.99x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and mean_seq_len > 11 and max_seq_len <= 28:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if num_seqs > 79 and mean_seq_len <= 17 and 54 < max_seq_len <= 399:  # region 20
+    if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 711:  # region 27
         return True
-    if 1448 < total_seq_len <= 2896 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 40
+    if 724 < total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 191:  # region 33
         return True
-    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2563:  # region 43
+    if 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len > 70:  # region 37
         return True
-    if 2896 < total_seq_len <= 5792 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2563:  # region 45
+    if 1448 < total_seq_len <= 4833 and num_seqs <= 1 and max_seq_len > 2450:  # region 38
         return True
-    if total_seq_len > 2896 and num_seqs > 181 and 30 < max_seq_len <= 54:  # region 48
+    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2450:  # region 39
         return True
-    if 5792 < total_seq_len <= 9553 and 5 < num_seqs <= 11 and 1444 < max_seq_len <= 2142:  # region 50
+    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 2873:  # region 46
         return True
-    if 5792 < total_seq_len <= 9553 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 3465:  # region 52
+    if 4205 < total_seq_len <= 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502:  # region 47
         return True
-    if 5792 < total_seq_len <= 9553 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 5267:  # region 54
+    if 4205 < total_seq_len <= 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502:  # region 48
         return True
-    if 9553 < total_seq_len <= 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 5267:  # region 58
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 38 and 221 < max_seq_len <= 585:  # region 49
         return True
-    if total_seq_len > 9553 and num_seqs <= 51 and mean_seq_len > 1448 and 1444 < max_seq_len <= 3465:  # region 60
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and max_seq_len <= 221:  # region 50
         return True
-    if total_seq_len > 23170 and num_seqs <= 51 and mean_seq_len <= 1448 and 1444 < max_seq_len <= 7665:  # region 62
+    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and 585 < max_seq_len <= 2884:  # region 51
+        return True
+    if 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 3029:  # region 56
+        return True
+    if total_seq_len > 4833 and 22 < num_seqs <= 51 and max_seq_len > 1444:  # region 64
+        return True
+    if total_seq_len > 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 5267:  # region 69
         return True
     return False

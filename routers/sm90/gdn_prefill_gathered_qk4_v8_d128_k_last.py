@@ -6,16 +6,19 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T21:37:34Z
+# measured    up to 2026-12-01T04:03:05Z
 # workloads   141 (workload-set digest af3654f7bd8a7a70)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  10/10  0.77x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  10/10  0.94x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  10/10  0.91x
 #   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  126/134  0.49x  [8 screened out]
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  125/134  0.45x  [9 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  127/134  0.49x  [7 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  128/134  0.52x  [6 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  139/141  1.36x  [2 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  139/141  1.45x  [2 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  139/141  1.45x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
 #   triton_prefill_chunked.v64      2a710645e644b88e  138/141  0.78x  [3 screened out]
@@ -23,6 +26,9 @@
 #   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.88x  [4 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.42x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
+#   cuda_prefill_cp.p16             segments=16
+#   cuda_prefill_cp.p4              segments=4
+#   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
@@ -37,60 +43,62 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 10.04% mean, 199.25% max;
-#             1.216x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 18.60% mean, 343.87% max;
-#             2.387x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 9.93% mean, 199.25% max;
+#             1.247x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.50% mean, 261.59% max;
+#             2.423x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   3. total_seq_len <= 399 and 13 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.30x (1.17x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 362: flashinfer_direct, 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 1704 and num_seqs <= 13 and mean_seq_len > 362: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.05x .. 1.83x) over vllm_flashinfer_prefill
 #   6. total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362: flashinfer_direct, 35 workloads, 2.91x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   7. 399 < total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 399 and num_seqs > 13 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 1.42x (1.21x .. 1.47x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5: vllm_flashinfer_prefill (baseline), 37 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   10. total_seq_len > 1205 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 19 workloads
+#   7. 399 < total_seq_len <= 557 and 13 < num_seqs <= 33: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. 399 < total_seq_len <= 557 and num_seqs > 33: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 557 and num_seqs > 13 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 557 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   11. total_seq_len > 1704 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 18 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 36 and num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. 36 < total_seq_len <= 295 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. 36 < total_seq_len <= 295 and 2 < num_seqs <= 17: cuda_prefill_pool_rows.k8c8, 25 workloads, 4.46x (2.08x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   5. 181 < total_seq_len <= 295 and num_seqs > 17: cuda_prefill_staged.r64s4, 4 workloads, 2.01x (1.88x .. 2.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 295 < total_seq_len <= 5258 and mean_seq_len <= 1112: cuda_prefill_staged.r64s4, 66 workloads, 3.21x (1.37x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. 295 < total_seq_len <= 5258 and mean_seq_len > 1112: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. total_seq_len > 5258 and num_seqs <= 128 and mean_seq_len <= 331: cuda_prefill_staged.r64s4, 6 workloads, 1.87x (1.43x .. 2.51x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 5258 and 331 < mean_seq_len <= 914: flashinfer_direct, 6 workloads, 1.57x (1.43x .. 1.74x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 5258 and mean_seq_len > 914: vllm_flashinfer_prefill (baseline), 11 workloads
-#   11. total_seq_len > 5258 and num_seqs > 128 and mean_seq_len <= 331: flashinfer_direct, 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 36 and num_seqs <= 19: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 181 and num_seqs > 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. 36 < total_seq_len <= 399 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.02x (3.35x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. 36 < total_seq_len <= 399 and 2 < num_seqs <= 19: cuda_prefill_pool_rows.k8c8, 26 workloads, 4.40x (2.08x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   5. 181 < total_seq_len <= 399 and num_seqs > 19: triton_prefill_fused.c16v64, 4 workloads, 1.84x (1.54x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 399 < total_seq_len <= 6292 and 914 < mean_seq_len <= 2224: cuda_prefill_staged.r64s4, 2 workloads, 3.71x (3.53x .. 3.90x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 399 < total_seq_len <= 6845 and 90 < mean_seq_len <= 914: cuda_prefill_staged.r64s4, 27 workloads, 4.21x (1.99x .. 8.07x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 399 and mean_seq_len <= 90: cuda_prefill_staged.r64s4, 41 workloads, 2.44x (1.28x .. 7.88x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. total_seq_len > 399 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 6 workloads
+#   10. total_seq_len > 6292 and 914 < mean_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len > 6845 and 90 < mean_seq_len <= 724: flashinfer_direct, 12 workloads, 1.49x (1.23x .. 1.74x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (1.36, 6.07, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 362), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.17, 1.3, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 1205)}, 'workloads': 5, 'speedup': (1.03, 1.42, 1.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.23, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 1704)}, 'workloads': 6, 'speedup': (1.05, 1.37, 1.83), 'fallbacks': ()},
     {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (75, None)}, 'workloads': 35, 'speedup': (1.04, 2.91, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (399, 724)}, 'workloads': 9, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (13, None), 'total_seq_len': (399, None)}, 'workloads': 7, 'speedup': (1.21, 1.42, 1.47), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (724, None)}, 'workloads': 37, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1205, None)}, 'workloads': 19, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 33), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (33, None), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.19, 1.37, 1.51), 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (13, None), 'total_seq_len': (557, None)}, 'workloads': 20, 'speedup': (1.03, 1.22, 1.5), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (557, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1704, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (None, 36)}, 'workloads': 5, 'speedup': (6.99, 8.41, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.74, 3.11, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (36, 295)}, 'workloads': 7, 'speedup': (3.66, 6.39, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 17), 'total_seq_len': (36, 295)}, 'workloads': 25, 'speedup': (2.08, 4.46, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (181, 295)}, 'workloads': 4, 'speedup': (1.88, 2.01, 2.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 1112), 'total_seq_len': (295, 5258)}, 'workloads': 66, 'speedup': (1.37, 3.21, 7.22), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1112, None), 'total_seq_len': (295, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (None, 128), 'total_seq_len': (5258, None)}, 'workloads': 6, 'speedup': (1.43, 1.87, 2.51), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (331, 914), 'total_seq_len': (5258, None)}, 'workloads': 6, 'speedup': (1.43, 1.57, 1.74), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, None), 'total_seq_len': (5258, None)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (128, None), 'total_seq_len': (5258, None)}, 'workloads': 4, 'speedup': (1.24, 1.37, 1.45), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 19), 'total_seq_len': (None, 36)}, 'workloads': 5, 'speedup': (6.99, 8.41, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.74, 3.11, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (36, 399)}, 'workloads': 7, 'speedup': (3.35, 6.02, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 19), 'total_seq_len': (36, 399)}, 'workloads': 26, 'speedup': (2.08, 4.4, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (181, 399)}, 'workloads': 4, 'speedup': (1.54, 1.84, 2.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (914, 2224), 'total_seq_len': (399, 6292)}, 'workloads': 2, 'speedup': (3.53, 3.71, 3.9), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (90, 914), 'total_seq_len': (399, 6845)}, 'workloads': 27, 'speedup': (1.99, 4.21, 8.07), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (399, None)}, 'workloads': 41, 'speedup': (1.28, 2.44, 7.88), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'total_seq_len': (399, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, 2896), 'total_seq_len': (6292, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (90, 724), 'total_seq_len': (6845, None)}, 'workloads': 12, 'speedup': (1.23, 1.49, 1.74), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -108,23 +116,26 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     # region 3: 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill
     if total_seq_len <= 399 and 13 < num_seqs <= 17:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 4: 10 workloads, 1.30x (1.17x .. 1.43x) over vllm_flashinfer_prefill
+    # region 4: 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len <= 399 and num_seqs > 17:
         return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 5 workloads, 1.42x (1.03x .. 1.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1205 and num_seqs <= 13 and mean_seq_len > 362:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 5: 6 workloads, 1.37x (1.05x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 13 and mean_seq_len > 362:
+        return 'cuda_prefill_staged.r64s4'
     # region 6: 35 workloads, 2.91x (1.04x .. 5.79x) over vllm_flashinfer_prefill
     if total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 7: 9 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 724 and num_seqs > 13 and mean_seq_len > 5:
+    # region 7: 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 557 and 13 < num_seqs <= 33:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 7 workloads, 1.42x (1.21x .. 1.47x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and num_seqs > 13 and mean_seq_len <= 5:
+    # region 8: 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 557 and num_seqs > 33:
         return 'cuda_prefill_staged.r64s4'
-    # region 9: 37 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 724 and num_seqs > 13 and mean_seq_len > 5:
+    # region 9: 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs > 13 and mean_seq_len <= 45:
+        return 'cuda_prefill_staged.r64s4'
+    # region 10: 21 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and num_seqs > 13 and mean_seq_len > 45:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -133,34 +144,34 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
+    if total_seq_len <= 36 and num_seqs <= 19:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs > 17:
+    if total_seq_len <= 181 and num_seqs > 19:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 7 workloads, 6.39x (3.66x .. 9.02x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 295 and num_seqs <= 2:
+    # region 3: 7 workloads, 6.02x (3.35x .. 8.76x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 399 and num_seqs <= 2:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 25 workloads, 4.46x (2.08x .. 8.22x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 295 and 2 < num_seqs <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 4 workloads, 2.01x (1.88x .. 2.41x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 295 and num_seqs > 17:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 66 workloads, 3.21x (1.37x .. 7.22x) over vllm_flashinfer_prefill
-    if 295 < total_seq_len <= 5258 and mean_seq_len <= 1112:
+    # region 4: 26 workloads, 4.40x (2.08x .. 8.22x) over vllm_flashinfer_prefill
+    if 36 < total_seq_len <= 399 and 2 < num_seqs <= 19:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 4 workloads, 1.84x (1.54x .. 2.10x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 399 and num_seqs > 19:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 2 workloads, 3.71x (3.53x .. 3.90x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 6292 and 914 < mean_seq_len <= 2224:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 27 workloads, 4.21x (1.99x .. 8.07x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 6845 and 90 < mean_seq_len <= 914:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 295 < total_seq_len <= 5258 and mean_seq_len > 1112:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 8: 6 workloads, 1.87x (1.43x .. 2.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 5258 and num_seqs <= 128 and mean_seq_len <= 331:
+    # region 8: 41 workloads, 2.44x (1.28x .. 7.88x) over vllm_flashinfer_prefill
+    if total_seq_len > 399 and mean_seq_len <= 90:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 6 workloads, 1.57x (1.43x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 5258 and 331 < mean_seq_len <= 914:
-        return 'flashinfer_direct'
-    # region 11: 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
-    if total_seq_len > 5258 and num_seqs > 128 and mean_seq_len <= 331:
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6292 and 914 < mean_seq_len <= 2896:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 12 workloads, 1.49x (1.23x .. 1.74x) over vllm_flashinfer_prefill
+    if total_seq_len > 6845 and 90 < mean_seq_len <= 724:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -170,183 +181,175 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.49% mean, 199.25% max;
-#             1.268x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 5.24% mean, 99.61% max;
-#             2.718x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 26.00% mean, 881.98% max;
+#             1.217x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 7.45% mean, 128.30% max;
+#             2.725x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   3. total_seq_len <= 22 and 5 < num_seqs <= 17 and 4 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   5. total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   6. total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 41: cuda_prefill_staged.r64s4, 2 workloads, 1.19x (1.12x .. 1.27x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v64
-#   7. total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 41: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 896: cuda_prefill_staged.r64s4, 2 workloads, 1.21x (1.20x .. 1.22x) over vllm_flashinfer_prefill
-#   9. total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 896: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.05x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   14. total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 355: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   15. total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: flashinfer_direct, 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. num_seqs <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   17. num_seqs <= 2 and 11 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   18. num_seqs <= 2 and 41 < max_seq_len <= 1211: flashinfer_direct, 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. num_seqs <= 2 and max_seq_len > 1211: vllm_flashinfer_prefill (baseline), 6 workloads
-#   20. num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   21. 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491: flashinfer_direct, 28 workloads, 3.01x (1.37x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   22. 5 < num_seqs <= 9 and 21 < max_seq_len <= 41: flashinfer_direct, 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   23. num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11: cuda_prefill_staged.r64s4, 7 workloads, 1.33x (1.17x .. 1.47x) over vllm_flashinfer_prefill
-#   24. num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 1162: cuda_prefill_staged.r64s4, 6 workloads, 1.28x (1.10x .. 1.40x) over vllm_flashinfer_prefill
-#   25. num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 1162: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   26. num_seqs > 39 and mean_seq_len > 36: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   27. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   29. total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   31. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   32. total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 4 workloads, 1.92x (1.16x .. 6.98x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   33. 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
-#   34. 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 1081: flashinfer_direct, 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-#   35. 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 1081: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   36. total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8
-#   37. total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 187: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   38. total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 187: vllm_flashinfer_prefill (baseline), 0 workloads
-#   39. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   40. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   41. 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   42. 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 753: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   44. total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532: cuda_prefill_staged.r64s4, 3 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   46. total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 532: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   47. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   48. 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   49. total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665: flashinfer_direct, 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   50. total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   51. total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   52. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   53. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   54. total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   55. total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct; engine plugins keep the engine's kernel (`hand_back`)
-#   56. total_seq_len > 11165 and 5 < num_seqs <= 9 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 22 and num_seqs <= 19 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.50x (8.39x .. 8.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 51 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.82x (9.82x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
+#   4. total_seq_len <= 51 and num_seqs <= 19 and 21 < max_seq_len <= 495: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   5. total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len > 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 51 and 2 < num_seqs <= 19 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   7. total_seq_len <= 724 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 1.51x (1.07x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 2862 and num_seqs <= 11 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len <= 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.05x .. 1.68x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.05x .. 1.06x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 469: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+#   15. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   17. 19 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   18. 19 < num_seqs <= 62 and mean_seq_len <= 2 and 16 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
+#   19. num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+#   20. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.63x (1.61x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   21. num_seqs > 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
+#   22. 22 < total_seq_len <= 51 and num_seqs <= 19 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 51 < total_seq_len <= 724 and num_seqs <= 19 and 316 < max_seq_len <= 495: cuda_prefill_staged.r64s4, 3 workloads, 1.76x (1.06x .. 2.55x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 51 and num_seqs <= 5 and max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.86x (5.37x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   25. total_seq_len > 51 and num_seqs <= 5 and 41 < max_seq_len <= 316: flashinfer_direct, 16 workloads, 3.07x (2.07x .. 4.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   26. total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.63x (1.16x .. 6.98x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   27. total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 316: flashinfer_direct, 19 workloads, 2.16x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   28. 724 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   29. total_seq_len > 724 and num_seqs <= 19 and 316 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 2.43x (2.09x .. 2.81x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   30. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081: flashinfer_direct, 3 workloads, 2.39x (1.78x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   32. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   33. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and 1491 < max_seq_len <= 2304: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   34. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   35. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   38. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   39. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   40. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   41. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 639 < max_seq_len <= 1491: vllm_flashinfer_prefill (baseline), 0 workloads
+#   42. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   43. total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   45. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   46. total_seq_len > 5258 and num_seqs <= 11 and 1491 < max_seq_len <= 3402: flashinfer_direct, 2 workloads, 1.35x (1.34x .. 1.36x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
+#   47. total_seq_len > 5258 and num_seqs <= 11 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 9 workloads
+#   48. total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   49. total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   50. total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 45 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 93 and 4 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.38x (2.87x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 20 workloads, 4.73x (2.55x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   6. total_seq_len <= 4048 and num_seqs <= 22 and 127 < max_seq_len <= 222: cuda_prefill_staged.r64s4, 10 workloads, 4.63x (2.73x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 4048 and num_seqs <= 22 and 222 < max_seq_len <= 230: triton_prefill_fused.c16v32, 4 workloads, 2.96x (2.03x .. 3.55x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   8. total_seq_len <= 4048 and max_seq_len > 230: cuda_prefill_staged.r64s4, 38 workloads, 3.50x (1.37x .. 7.22x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len <= 4048 and num_seqs > 22 and 127 < max_seq_len <= 230: cuda_prefill_staged.r64s4, 3 workloads, 2.12x (1.89x .. 2.32x) over vllm_flashinfer_prefill; then flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   10. num_seqs <= 2 and 13 < max_seq_len <= 75: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.26x (7.18x .. 7.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. num_seqs <= 2 and 75 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 1 workloads, 9.02x (9.02x .. 9.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   12. num_seqs > 2 and mean_seq_len <= 2 and 45 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len > 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.04x (2.38x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len > 45 and 2 < max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.26x (2.47x .. 4.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len > 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   16. total_seq_len > 93 and 4 < max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.89x (2.13x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len > 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127: cuda_prefill_staged.r64s4, 16 workloads, 2.85x (1.78x .. 7.09x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   18. 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 1555: flashinfer_direct, 3 workloads, 1.62x (1.54x .. 1.74x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 1555: cuda_prefill_staged.r64s4, 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len > 127: cuda_prefill_staged.r64s4, 8 workloads, 1.82x (1.43x .. 2.51x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   21. total_seq_len > 4048 and num_seqs <= 5 and mean_seq_len > 331 and 127 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 3.54x (3.25x .. 3.87x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len > 4048 and num_seqs <= 5 and mean_seq_len > 331 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 8 workloads
-#   23. total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and 127 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 2 workloads, 2.65x (2.14x .. 3.27x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   25. total_seq_len > 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 5792: flashinfer_direct, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 14535 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 0 workloads
-#   27. total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len > 127: flashinfer_direct, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 66 and num_seqs > 13 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.09x (3.66x .. 4.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 66 and num_seqs > 13 and 5 < max_seq_len <= 17: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   3. total_seq_len <= 362 and num_seqs <= 13 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 362 and num_seqs <= 13 and 2 < max_seq_len <= 74: cuda_prefill_pool_rows.k8c8, 15 workloads, 6.49x (4.08x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 362 and num_seqs <= 13 and 74 < max_seq_len <= 109: cuda_prefill_staged.r64s4, 3 workloads, 7.08x (5.92x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   6. total_seq_len <= 362 and num_seqs <= 13 and 109 < max_seq_len <= 125: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.56x (3.54x .. 5.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 362 and num_seqs <= 13 and max_seq_len > 125: cuda_prefill_staged.r64s4, 7 workloads, 4.68x (2.92x .. 7.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 362 and num_seqs > 22 and 17 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 4048 and 13 < num_seqs <= 22 and 17 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.37x (3.10x .. 3.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 4048 and num_seqs > 13 and max_seq_len > 41: cuda_prefill_staged.r64s4, 29 workloads, 2.40x (1.72x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. 66 < total_seq_len <= 1448 and num_seqs > 13 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.94x (2.15x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   12. 362 < total_seq_len <= 4048 and num_seqs <= 13: cuda_prefill_staged.r64s4, 27 workloads, 4.62x (1.99x .. 8.07x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 362 < total_seq_len <= 4048 and num_seqs > 22 and 17 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 4 workloads, 3.16x (2.59x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 1448 < total_seq_len <= 4048 and num_seqs > 13 and max_seq_len <= 17: cuda_prefill_staged.r64s4, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 4048 < total_seq_len <= 6292 and mean_seq_len > 331 and 1100 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 1 workloads, 3.53x (3.53x .. 3.53x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 4048 < total_seq_len <= 10278 and mean_seq_len > 331 and max_seq_len <= 1100: cuda_prefill_staged.r64s4, 2 workloads, 2.73x (2.07x .. 3.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.95x (1.57x .. 2.55x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   18. total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
+#   19. total_seq_len > 4048 and num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 8 workloads
+#   20. total_seq_len > 4048 and mean_seq_len <= 914 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 5 workloads, 1.85x (1.65x .. 2.02x) over vllm_flashinfer_prefill
+#   21. total_seq_len > 4048 and num_seqs > 5 and 4093 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
+#   22. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   23. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and max_seq_len > 16376: vllm_flashinfer_prefill (baseline), 0 workloads
+#   24. total_seq_len > 6292 and 331 < mean_seq_len <= 724 and 1100 < max_seq_len <= 4093: flashinfer_direct, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 6292 and mean_seq_len > 724 and 1100 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 2.66x (2.61x .. 2.71x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. total_seq_len > 10278 and mean_seq_len > 331 and max_seq_len <= 724: flashinfer_direct, 2 workloads, 1.48x (1.43x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 10278 and mean_seq_len > 331 and 724 < max_seq_len <= 1100: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len <= 724: flashinfer_direct, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 23170 and mean_seq_len <= 331 and 724 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (8.47, 8.47, 8.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, 17), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 21), 'num_seqs': (5, 17), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (2.2, 2.2, 2.2), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (None, 93)}, 'workloads': 1, 'speedup': (1.75, 1.75, 1.75), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.12, 1.19, 1.27), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.2, 1.21, 1.22), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (896, None), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (2, 9), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (9, 17), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 355), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.06, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (355, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (None, 5792)}, 'workloads': 11, 'speedup': (1.05, 1.09, 1.12), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (None, 2)}, 'workloads': 3, 'speedup': (8.39, 8.93, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1211), 'num_seqs': (None, 2)}, 'workloads': 12, 'speedup': (1.03, 2.05, 3.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1211, None), 'num_seqs': (None, 2)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (4.55, 5.1, 5.42), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 1491), 'num_seqs': (2, 9)}, 'workloads': 28, 'speedup': (1.37, 3.01, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (5, 9)}, 'workloads': 1, 'speedup': (5.36, 5.36, 5.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 5), 'num_seqs': (17, None)}, 'workloads': 7, 'speedup': (1.17, 1.33, 1.47), 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1162), 'mean_seq_len': (5, 11), 'num_seqs': (17, None)}, 'workloads': 6, 'speedup': (1.1, 1.28, 1.4), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1162, None), 'mean_seq_len': (5, 11), 'num_seqs': (17, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (36, None), 'num_seqs': (39, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 11), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (11, 21), 'num_seqs': (5, 17), 'total_seq_len': (22, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (2, 5), 'total_seq_len': (22, None)}, 'workloads': 1, 'speedup': (6.91, 6.91, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 1, 'speedup': (1.32, 1.32, 1.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'num_seqs': (5, 17), 'total_seq_len': (51, None)}, 'workloads': 4, 'speedup': (1.16, 1.92, 6.98), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (93, 724)}, 'workloads': 5, 'speedup': (1.46, 1.6, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1081), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (724, 5792)}, 'workloads': 5, 'speedup': (1.04, 1.08, 1.11), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1081, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (724, 5792)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 5), 'num_seqs': (17, None), 'total_seq_len': (724, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 187), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (187, None), 'mean_seq_len': (11, 21), 'num_seqs': (39, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 1917), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1917, None), 'num_seqs': (2, 9), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 753), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (2896, 4333)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (753, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (2896, 4333)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 962), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (9, 17), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 532), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (4333, None)}, 'workloads': 3, 'speedup': (1.09, 1.12, 1.15), 'fallbacks': (), 'hand_back': True},
-    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (532, None), 'mean_seq_len': (21, 36), 'num_seqs': (39, None), 'total_seq_len': (4333, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (5, 9), 'total_seq_len': (5258, 11165)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 2665), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.34, 1.34, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2665, None), 'num_seqs': (2, 5), 'total_seq_len': (5258, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (21, 639), 'num_seqs': (9, 17), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 53, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (11, None), 'num_seqs': (17, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 4528), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',), 'hand_back': True},
-    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'num_seqs': (5, 9), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 19), 'total_seq_len': (None, 22)}, 'workloads': 3, 'speedup': (8.39, 8.5, 8.64), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (9.82, 9.82, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (None, 19), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 495), 'num_seqs': (None, 19), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (5, None), 'num_seqs': (None, 19), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 19), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (449, 469), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 1081), 'num_seqs': (None, 11), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.07, 1.51, 1.83), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 1491), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.33, 1.68), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (469, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (19, 62)}, 'workloads': 2, 'speedup': (1.75, 1.94, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 449), 'mean_seq_len': (None, 2), 'num_seqs': (19, 62)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (2, 30), 'num_seqs': (19, None)}, 'workloads': 16, 'speedup': (1.09, 1.29, 1.48), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 4, 'speedup': (1.61, 1.63, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ()},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (316, 495), 'num_seqs': (None, 19), 'total_seq_len': (51, 724)}, 'workloads': 3, 'speedup': (1.06, 1.76, 2.55), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'num_seqs': (None, 5), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (5.37, 5.86, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 316), 'num_seqs': (None, 5), 'total_seq_len': (51, None)}, 'workloads': 16, 'speedup': (2.07, 3.07, 4.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 7, 'speedup': (1.16, 1.63, 6.98), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 316), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.05, 2.16, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 469), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (724, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (316, 495), 'num_seqs': (None, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.09, 2.43, 2.81), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 1081), 'num_seqs': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.78, 2.39, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 11), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 11), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1491), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 639), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, 1491), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (30, 45), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (30, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (45, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 11), 'total_seq_len': (5258, None)}, 'workloads': 2, 'speedup': (1.34, 1.35, 1.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 11), 'total_seq_len': (5258, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 5)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (8.44, 8.44, 8.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 45), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 13), 'total_seq_len': (None, 93)}, 'workloads': 4, 'speedup': (2.87, 5.38, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 127), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (None, 282)}, 'workloads': 20, 'speedup': (2.55, 4.73, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 222), 'num_seqs': (None, 22), 'total_seq_len': (None, 4048)}, 'workloads': 10, 'speedup': (2.73, 4.63, 7.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (222, 230), 'num_seqs': (None, 22), 'total_seq_len': (None, 4048)}, 'workloads': 4, 'speedup': (2.03, 2.96, 3.55), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (230, None), 'total_seq_len': (None, 4048)}, 'workloads': 38, 'speedup': (1.37, 3.5, 7.22), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 230), 'num_seqs': (22, None), 'total_seq_len': (None, 4048)}, 'workloads': 3, 'speedup': (1.89, 2.12, 2.32), 'fallbacks': ('flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (13, 75), 'num_seqs': (None, 2)}, 'workloads': 2, 'speedup': (7.18, 7.26, 7.33), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (75, 127), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (9.02, 9.02, 9.02), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 127), 'mean_seq_len': (None, 2), 'num_seqs': (2, None)}, 'workloads': 1, 'speedup': (3.45, 3.45, 3.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (5, None)}, 'workloads': 3, 'speedup': (2.38, 3.04, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (2, 4), 'total_seq_len': (45, None)}, 'workloads': 3, 'speedup': (2.47, 3.26, 4.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (13, 45), 'mean_seq_len': (None, 2), 'num_seqs': (2, None), 'total_seq_len': (90, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 13), 'total_seq_len': (93, None)}, 'workloads': 6, 'speedup': (2.13, 2.89, 4.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, 127), 'mean_seq_len': (2, None), 'num_seqs': (2, None), 'total_seq_len': (282, None)}, 'workloads': 16, 'speedup': (1.78, 2.85, 7.09), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 1555), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (4048, 14535)}, 'workloads': 3, 'speedup': (1.54, 1.62, 1.74), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1555, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (4048, 14535)}, 'workloads': 1, 'speedup': (1.74, 1.74, 1.74), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (None, 331), 'total_seq_len': (4048, 23170)}, 'workloads': 8, 'speedup': (1.43, 1.82, 2.51), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 4093), 'mean_seq_len': (331, None), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.25, 3.54, 3.87), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (331, None), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 4528), 'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (2.14, 2.65, 3.27), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, 5792), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (14535, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (331, None), 'num_seqs': (11, None), 'total_seq_len': (14535, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (127, None), 'mean_seq_len': (None, 331), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (13, None), 'total_seq_len': (None, 66)}, 'workloads': 2, 'speedup': (3.66, 4.09, 4.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 17), 'num_seqs': (13, None), 'total_seq_len': (None, 66)}, 'workloads': 1, 'speedup': (3.48, 3.48, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 74), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 15, 'speedup': (4.08, 6.49, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (74, 109), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (5.92, 7.08, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (109, 125), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (3.54, 4.56, 5.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (125, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 7, 'speedup': (2.92, 4.68, 7.8), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 41), 'num_seqs': (22, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 41), 'num_seqs': (13, 22), 'total_seq_len': (None, 4048)}, 'workloads': 3, 'speedup': (3.1, 3.37, 3.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, None), 'num_seqs': (13, None), 'total_seq_len': (None, 4048)}, 'workloads': 29, 'speedup': (1.72, 2.4, 3.99), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (13, None), 'total_seq_len': (66, 1448)}, 'workloads': 16, 'speedup': (2.15, 2.94, 4.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (362, 4048)}, 'workloads': 27, 'speedup': (1.99, 4.62, 8.07), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 41), 'num_seqs': (22, None), 'total_seq_len': (362, 4048)}, 'workloads': 4, 'speedup': (2.59, 3.16, 3.7), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (13, None), 'total_seq_len': (1448, 4048)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (331, None), 'total_seq_len': (4048, 6292)}, 'workloads': 1, 'speedup': (3.53, 3.53, 3.53), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1100), 'mean_seq_len': (331, None), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (2.07, 2.73, 3.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (None, 331), 'total_seq_len': (4048, 23170)}, 'workloads': 7, 'speedup': (1.57, 1.95, 2.55), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 18, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.72, 1.72, 1.72), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16'), 'hand_back': True},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (914, None), 'num_seqs': (None, 11), 'total_seq_len': (4048, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 914), 'total_seq_len': (4048, None)}, 'workloads': 5, 'speedup': (1.65, 1.85, 2.02), 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (5, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 16376), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16376, None), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (331, 724), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (724, None), 'total_seq_len': (6292, None)}, 'workloads': 2, 'speedup': (2.61, 2.66, 2.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (331, None), 'total_seq_len': (10278, None)}, 'workloads': 2, 'speedup': (1.43, 1.48, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 1100), 'mean_seq_len': (331, None), 'total_seq_len': (10278, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 331), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 4093), 'mean_seq_len': (None, 331), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -355,260 +358,253 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 8.47x (8.47x .. 8.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 5 < num_seqs <= 17 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 1: 3 workloads, 8.50x (8.39x .. 8.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and num_seqs <= 19 and 2 < max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 9.82x (9.82x .. 9.82x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs <= 2 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 5 < num_seqs <= 17 and 4 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 2.20x (2.20x .. 2.20x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 1 workloads, 1.75x (1.75x .. 1.75x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and num_seqs > 17 and mean_seq_len <= 5 and 2 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 2 workloads, 1.19x (1.12x .. 1.27x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 41:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 1.09x (1.09x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 41:
+    if total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs <= 19 and 21 < max_seq_len <= 495:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len > 5 and 8 < max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 51 and 2 < num_seqs <= 19 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 2 workloads, 1.21x (1.20x .. 1.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 896:
-        return 'cuda_prefill_staged.r64s4'
-    # region 9: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len > 896:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 8 workloads, 1.51x (1.07x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2862 and 2 < num_seqs <= 9 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 901:
-        return 'flashinfer_direct'
-    # region 12: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and 9 < num_seqs <= 17 and max_seq_len > 901:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 2 workloads, 1.06x (1.05x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355:
+    if total_seq_len <= 2862 and num_seqs <= 11 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 2 workloads, 1.33x (1.05x .. 1.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491:
         return 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 355:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 11 workloads, 1.09x (1.05x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 3 workloads, 8.93x (8.39x .. 9.82x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and 11 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 18: 12 workloads, 2.05x (1.03x .. 3.24x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 41 < max_seq_len <= 1211:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 20: 3 workloads, 5.10x (4.55x .. 5.42x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and 21 < max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 21: 28 workloads, 3.01x (1.37x .. 5.79x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 9 and 41 < max_seq_len <= 1491:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 22: 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 9 and 21 < max_seq_len <= 41:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 23: 7 workloads, 1.33x (1.17x .. 1.47x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and mean_seq_len <= 5 and max_seq_len > 11:
+    # region 12: 2 workloads, 1.06x (1.05x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 6 workloads, 1.28x (1.10x .. 1.40x) over vllm_flashinfer_prefill
-    if num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len <= 1162:
+    # region 13: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 469:
         return 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 17 and 5 < mean_seq_len <= 11 and max_seq_len > 1162:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 39 and mean_seq_len > 36:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and max_seq_len <= 11:
+    # region 14: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45:
+        return 'cuda_prefill_staged.r64s4'
+    # region 15: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 16: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856:
+        return 'cuda_prefill_staged.r64s4'
+    # region 17: 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill
+    if 19 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if 19 < num_seqs <= 62 and mean_seq_len <= 2 and 16 < max_seq_len <= 449:
+        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+    if num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449:
+        return 'cuda_prefill_staged.r64s4'
+    # region 20: 4 workloads, 1.63x (1.61x .. 1.64x) over vllm_flashinfer_prefill
+    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
+    if num_seqs > 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 449:
+        return 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 51 and num_seqs <= 19 and 2 < max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 23: 3 workloads, 1.76x (1.06x .. 2.55x) over vllm_flashinfer_prefill
+    if 51 < total_seq_len <= 724 and num_seqs <= 19 and 316 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 3 workloads, 5.86x (5.37x .. 6.91x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and num_seqs <= 5 and max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 25: 16 workloads, 3.07x (2.07x .. 4.25x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and num_seqs <= 5 and 41 < max_seq_len <= 316:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
+    # region 26: 7 workloads, 1.63x (1.16x .. 6.98x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 27: 19 workloads, 2.16x (1.05x .. 5.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 316:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 51 and 5 < num_seqs <= 17 and 11 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 29: 1 workloads, 6.91x (6.91x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 22 and 2 < num_seqs <= 5 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 30: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 31: 1 workloads, 1.32x (1.32x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 4 workloads, 1.92x (1.16x .. 6.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 17 and mean_seq_len > 5 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 33: 5 workloads, 1.60x (1.46x .. 1.64x) over vllm_flashinfer_prefill
-    if 93 < total_seq_len <= 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 5 workloads, 1.08x (1.04x .. 1.11x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 1081:
+    if 724 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469:
+        return 'cuda_prefill_staged.r64s4'
+    # region 29: 2 workloads, 2.43x (2.09x .. 2.81x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 19 and 316 < max_seq_len <= 495:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 30: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
         return 'flashinfer_direct'
-    # region 35: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 724 < total_seq_len <= 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 1081:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs > 17 and mean_seq_len <= 5 and max_seq_len <= 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 37: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 1448 and num_seqs > 39 and 11 < mean_seq_len <= 21 and max_seq_len <= 187:
-        return 'cuda_prefill_staged.r64s4'
-    # region 39: 0 workloads, by estimated times (no measured workload in it)
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:
+    # region 31: 3 workloads, 2.39x (1.78x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and max_seq_len > 1917:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753:
+    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and 1491 < max_seq_len <= 2304:
         return 'cuda_prefill_staged.r64s4'
-    # region 43: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 9 < num_seqs <= 17 and 639 < max_seq_len <= 962:
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and max_seq_len > 2304:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2896 and 9 < num_seqs <= 17 and max_seq_len > 962:
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 3 workloads, 1.12x (1.09x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532:
-        return 'cuda_prefill_staged.r64s4'
-    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len > 532:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 47: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill's guarded call
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 48: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and max_seq_len > 3402:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 1 workloads, 1.34x (1.34x .. 1.34x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 50: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and max_seq_len > 2665:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 9 < num_seqs <= 17 and 21 < max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len <= 439:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 53: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and 439 < max_seq_len <= 550:
+    # region 38: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550:
         return 'flashinfer_direct'
-    # region 54: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 17 < num_seqs <= 39 and mean_seq_len > 11 and max_seq_len > 550:
+    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 55: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639:
+        return 'cuda_prefill_staged.r64s4'
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491:
+        return 'cuda_prefill_staged.r64s4'
+    # region 43: 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:
+        return 'cuda_prefill_staged.r64s4'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 2 workloads, 1.35x (1.34x .. 1.36x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5258 and num_seqs <= 11 and 1491 < max_seq_len <= 3402:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 8.44x (8.44x .. 8.44x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 5.38x (2.87x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 93 and 4 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 20 workloads, 4.73x (2.55x .. 8.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 10 workloads, 4.63x (2.73x .. 7.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs <= 22 and 127 < max_seq_len <= 222:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 4 workloads, 2.96x (2.03x .. 3.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs <= 22 and 222 < max_seq_len <= 230:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 38 workloads, 3.50x (1.37x .. 7.22x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and max_seq_len > 230:
+    # region 1: 2 workloads, 4.09x (3.66x .. 4.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 66 and num_seqs > 13 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 66 and num_seqs > 13 and 5 < max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 13 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 15 workloads, 6.49x (4.08x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 13 and 2 < max_seq_len <= 74:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 3 workloads, 7.08x (5.92x .. 8.76x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 13 and 74 < max_seq_len <= 109:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 2 workloads, 4.56x (3.54x .. 5.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 13 and 109 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 7 workloads, 4.68x (2.92x .. 7.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and num_seqs <= 13 and max_seq_len > 125:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 362 and num_seqs > 22 and 17 < max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 3 workloads, 3.37x (3.10x .. 3.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4048 and 13 < num_seqs <= 22 and 17 < max_seq_len <= 41:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 29 workloads, 2.40x (1.72x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4048 and num_seqs > 13 and max_seq_len > 41:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 3 workloads, 2.12x (1.89x .. 2.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 22 and 127 < max_seq_len <= 230:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 2 workloads, 7.26x (7.18x .. 7.33x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 13 < max_seq_len <= 75:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 11: 1 workloads, 9.02x (9.02x .. 9.02x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and 75 < max_seq_len <= 127:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 1 workloads, 3.45x (3.45x .. 3.45x) over vllm_flashinfer_prefill
-    if num_seqs > 2 and mean_seq_len <= 2 and 45 < max_seq_len <= 127:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 3.04x (2.38x .. 3.66x) over vllm_flashinfer_prefill
-    if total_seq_len > 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 3 workloads, 3.26x (2.47x .. 4.56x) over vllm_flashinfer_prefill
-    if total_seq_len > 45 and 2 < max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 90 and num_seqs > 2 and mean_seq_len <= 2 and 13 < max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 16: 6 workloads, 2.89x (2.13x .. 4.47x) over vllm_flashinfer_prefill
-    if total_seq_len > 93 and 4 < max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 16 workloads, 2.85x (1.78x .. 7.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 282 and num_seqs > 2 and mean_seq_len > 2 and 13 < max_seq_len <= 127:
+    # region 11: 16 workloads, 2.94x (2.15x .. 4.47x) over vllm_flashinfer_prefill
+    if 66 < total_seq_len <= 1448 and num_seqs > 13 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 12: 27 workloads, 4.62x (1.99x .. 8.07x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 4048 and num_seqs <= 13:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 4 workloads, 3.16x (2.59x .. 3.70x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 4048 and num_seqs > 22 and 17 < max_seq_len <= 41:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 4048 and num_seqs > 13 and max_seq_len <= 17:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 1 workloads, 3.53x (3.53x .. 3.53x) over vllm_flashinfer_prefill
+    if 4048 < total_seq_len <= 6292 and mean_seq_len > 331 and 1100 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 2 workloads, 2.73x (2.07x .. 3.62x) over vllm_flashinfer_prefill
+    if 4048 < total_seq_len <= 10278 and mean_seq_len > 331 and max_seq_len <= 1100:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 7 workloads, 1.95x (1.57x .. 2.55x) over vllm_flashinfer_prefill
+    if 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 3 workloads, 1.62x (1.54x .. 1.74x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 1555:
+    # region 18: 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 20: 5 workloads, 1.85x (1.65x .. 2.02x) over vllm_flashinfer_prefill
+    if total_seq_len > 4048 and mean_seq_len <= 914 and max_seq_len > 4528:
+        return 'cuda_prefill_staged.r64s4'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4048 and num_seqs > 5 and 4093 < max_seq_len <= 4528:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376:
+        return 'cuda_prefill_staged.r64s4'
+    # region 24: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 6292 and 331 < mean_seq_len <= 724 and 1100 < max_seq_len <= 4093:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 19: 1 workloads, 1.74x (1.74x .. 1.74x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 14535 and num_seqs > 11 and mean_seq_len > 331 and max_seq_len > 1555:
+    # region 25: 2 workloads, 2.66x (2.61x .. 2.71x) over vllm_flashinfer_prefill
+    if total_seq_len > 6292 and mean_seq_len > 724 and 1100 < max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 8 workloads, 1.82x (1.43x .. 2.51x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len > 127:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 2 workloads, 3.54x (3.25x .. 3.87x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and num_seqs <= 5 and mean_seq_len > 331 and 127 < max_seq_len <= 4093:
+    # region 26: 2 workloads, 1.48x (1.43x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 10278 and mean_seq_len > 331 and max_seq_len <= 724:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 27: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 10278 and mean_seq_len > 331 and 724 < max_seq_len <= 1100:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 2 workloads, 2.65x (2.14x .. 3.27x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and 127 < max_seq_len <= 4528:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4048 and 5 < num_seqs <= 11 and mean_seq_len > 331 and max_seq_len > 4528:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 14535 and num_seqs > 11 and mean_seq_len > 331 and 127 < max_seq_len <= 5792:
-        return 'flashinfer_direct'
-    # region 27: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len > 127:
-        return 'flashinfer_direct'
+    # region 28: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len <= 724:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 29: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and mean_seq_len <= 331 and 724 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2896 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 355:  # region 13
+    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and 1491 < max_seq_len <= 2304:  # region 33
         return True
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 9 and 1491 < max_seq_len <= 1917:  # region 39
+    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 43
         return True
-    if 2896 < total_seq_len <= 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 753:  # region 41
+    if total_seq_len > 5258 and num_seqs <= 11 and 1491 < max_seq_len <= 3402:  # region 46
         return True
-    if total_seq_len > 4333 and num_seqs > 39 and 21 < mean_seq_len <= 36 and max_seq_len <= 532:  # region 45
-        return True
-    if 5258 < total_seq_len <= 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 3402:  # region 47
-        return True
-    if total_seq_len > 5258 and 2 < num_seqs <= 5 and 1491 < max_seq_len <= 2665:  # region 49
-        return True
-    if total_seq_len > 11165 and 5 < num_seqs <= 9 and 1491 < max_seq_len <= 4528:  # region 55
+    return False
+
+
+def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:  # region 18
         return True
     return False

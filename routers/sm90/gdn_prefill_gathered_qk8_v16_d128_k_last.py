@@ -6,22 +6,28 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T21:37:38Z
+# measured    up to 2026-12-01T04:05:04Z
 # workloads   141 (workload-set digest 06063359a8d29c83)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  5/5  0.57x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  5/5  0.68x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  5/5  0.61x
 #   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  126/134  0.39x  [8 screened out]
 #   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  126/134  0.43x  [8 screened out]
 #   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  126/134  0.43x  [8 screened out]
 #   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  126/134  0.44x  [8 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  139/141  1.27x  [2 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  140/141  1.34x  [1 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  140/141  1.31x  [1 screened out]
 #   triton_prefill_chunked.v64      2a710645e644b88e  135/141  0.66x  [6 screened out]
 #   triton_prefill_fused.c16v32     49496897c400beaa  137/141  0.72x  [4 screened out]
 #   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.80x  [4 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  141/141  1.30x
 # configs     launch configurations the tuner measured as variants of their own
+#   cuda_prefill_cp.p16             segments=16
+#   cuda_prefill_cp.p4              segments=4
+#   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
@@ -36,54 +42,66 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.90% mean, 95.30% max;
-#             1.192x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.96% mean, 103.83% max;
-#             2.392x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.35% mean, 70.81% max;
+#             1.195x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.83% mean, 251.57% max;
+#             2.339x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
-#   3. total_seq_len <= 168 and num_seqs > 7 and 3 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 7 < num_seqs <= 21 and 8 < mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 19 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   5. 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   6. num_seqs > 21 and mean_seq_len > 8: vllm_flashinfer_prefill (baseline), 30 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   7. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   8. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462: flashinfer_direct, 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462: flashinfer_direct, 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   10. total_seq_len > 168 and num_seqs > 7 and mean_seq_len <= 8: cuda_prefill_staged.r64s4, 17 workloads, 1.42x (1.25x .. 1.52x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
+#   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 2: flashinfer_direct, 9 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
+#   5. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 326: cuda_prefill_staged.r64s4, 11 workloads, 1.64x (1.13x .. 2.93x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 326: flashinfer_direct, 17 workloads, 3.17x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   7. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   8. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   9. total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26: cuda_prefill_staged.r64s4, 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 326: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   2. total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 245 and num_seqs > 17: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   4. 90 < total_seq_len <= 3448 and num_seqs <= 17: cuda_prefill_staged.r64s4, 60 workloads, 3.57x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   5. 245 < total_seq_len <= 3448 and num_seqs > 17: cuda_prefill_staged.r64s4, 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. total_seq_len > 3448 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 3448 and num_seqs > 1: flashinfer_direct, 24 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.98x (6.06x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   2. total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len > 24: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   3. total_seq_len <= 90 and 5 < num_seqs <= 29: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.67x (3.19x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   4. total_seq_len <= 236 and num_seqs > 29 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   5. total_seq_len <= 724 and num_seqs > 29 and mean_seq_len > 5: flashinfer_direct, 6 workloads, 1.64x (1.46x .. 1.83x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. 90 < total_seq_len <= 181 and num_seqs <= 29: cuda_prefill_staged.r64s4, 10 workloads, 3.34x (1.52x .. 7.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 181 and num_seqs <= 29 and mean_seq_len <= 2896: cuda_prefill_staged.r64s4, 60 workloads, 3.27x (1.49x .. 7.43x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 181 and num_seqs <= 29 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   9. 236 < total_seq_len <= 724 and num_seqs > 29 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 2.41x (2.01x .. 2.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   10. 724 < total_seq_len <= 4635 and num_seqs > 116: cuda_prefill_staged.r64s4, 8 workloads, 2.24x (1.87x .. 2.66x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len <= 191: cuda_prefill_staged.r64s4, 16 workloads, 2.14x (1.43x .. 3.31x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len > 191: flashinfer_direct, 4 workloads, 1.26x (1.12x .. 1.40x) over vllm_flashinfer_prefill
+#   13. total_seq_len > 4635 and num_seqs > 116: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.21, 1.65, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 8), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.09, 1.12, 1.14), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (8, 90), 'num_seqs': (7, 21)}, 'workloads': 19, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 5, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (8, None), 'num_seqs': (21, None)}, 'workloads': 30, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 7, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 10, 'speedup': (1.09, 1.59, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 462), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 18, 'speedup': (1.6, 3.07, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (7, None), 'total_seq_len': (168, None)}, 'workloads': 17, 'speedup': (1.25, 1.42, 1.52), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (462, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.21, 1.65, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 9, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (326, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 11, 'speedup': (1.13, 1.64, 2.93), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 17, 'speedup': (1.6, 3.17, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 16, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 25, 'speedup': (1.14, 1.39, 1.56), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (326, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 24), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 11, 'speedup': (3.3, 5.63, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (24, None), 'num_seqs': (None, 17), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 245)}, 'workloads': 6, 'speedup': (2.45, 3.04, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 17), 'total_seq_len': (90, 3448)}, 'workloads': 60, 'speedup': (1.45, 3.57, 8.61), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (245, 3448)}, 'workloads': 33, 'speedup': (1.56, 2.33, 3.42), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3448, None)}, 'workloads': 24, 'speedup': (1.12, 1.48, 2.58), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 24), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (6.06, 7.98, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (24, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (5, 29), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (3.19, 3.67, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (29, None), 'total_seq_len': (None, 236)}, 'workloads': 5, 'speedup': (2.42, 2.99, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (29, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.46, 1.64, 1.83), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 29), 'total_seq_len': (90, 181)}, 'workloads': 10, 'speedup': (1.52, 3.34, 7.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2896), 'num_seqs': (None, 29), 'total_seq_len': (181, None)}, 'workloads': 60, 'speedup': (1.49, 3.27, 7.43), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 29), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (29, None), 'total_seq_len': (236, 724)}, 'workloads': 7, 'speedup': (2.01, 2.41, 2.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (116, None), 'total_seq_len': (724, 4635)}, 'workloads': 8, 'speedup': (1.87, 2.24, 2.66), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 191), 'num_seqs': (29, 116), 'total_seq_len': (724, None)}, 'workloads': 16, 'speedup': (1.43, 2.14, 3.31), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (191, None), 'num_seqs': (29, 116), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.12, 1.26, 1.4), 'fallbacks': ()},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (116, None), 'total_seq_len': (4635, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -96,34 +114,34 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     if total_seq_len <= 31 and num_seqs <= 7:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 2: 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 3:
+    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 6 workloads, 1.12x (1.09x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 168 and num_seqs > 7 and 3 < mean_seq_len <= 8:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 19 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-    if 7 < num_seqs <= 21 and 8 < mean_seq_len <= 90:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 15 workloads, the baseline; its stand-ins where it cannot run here
-    if 7 < num_seqs <= 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 6: 30 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 8:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
+    # region 3: 9 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 2:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 4: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
     if 31 < total_seq_len <= 90 and num_seqs <= 7:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 8: 10 workloads, 1.59x (1.09x .. 3.23x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 462:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 18 workloads, 3.07x (1.60x .. 4.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 462:
+    # region 5: 11 workloads, 1.64x (1.13x .. 2.93x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 326:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 17 workloads, 3.17x (1.60x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 326:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 10: 17 workloads, 1.42x (1.25x .. 1.52x) over vllm_flashinfer_prefill
-    if total_seq_len > 168 and num_seqs > 7 and mean_seq_len <= 8:
+    # region 7: 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 8: 15 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26:
         return 'cuda_prefill_staged.r64s4'
+    # region 10: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 462:
+    if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 326:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -131,26 +149,44 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 11 workloads, 5.63x (3.30x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 1: 6 workloads, 7.98x (6.06x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len <= 24:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 2: 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 17 and mean_seq_len > 24:
+    if total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len > 24:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 3.04x (2.45x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 245 and num_seqs > 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 60 workloads, 3.57x (1.45x .. 8.61x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 3448 and num_seqs <= 17:
+    # region 3: 6 workloads, 3.67x (3.19x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 5 < num_seqs <= 29:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 236 and num_seqs > 29 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 5: 6 workloads, 1.64x (1.46x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 29 and mean_seq_len > 5:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 6: 10 workloads, 3.34x (1.52x .. 7.72x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 29:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 60 workloads, 3.27x (1.49x .. 7.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 29 and mean_seq_len <= 2896:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 33 workloads, 2.33x (1.56x .. 3.42x) over vllm_flashinfer_prefill
-    if 245 < total_seq_len <= 3448 and num_seqs > 17:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3448 and num_seqs <= 1:
+    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 181 and num_seqs <= 29 and mean_seq_len > 2896:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 24 workloads, 1.48x (1.12x .. 2.58x) over vllm_flashinfer_prefill
-    if total_seq_len > 3448 and num_seqs > 1:
+    # region 9: 7 workloads, 2.41x (2.01x .. 2.97x) over vllm_flashinfer_prefill
+    if 236 < total_seq_len <= 724 and num_seqs > 29 and mean_seq_len <= 5:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 8 workloads, 2.24x (1.87x .. 2.66x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 4635 and num_seqs > 116:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 16 workloads, 2.14x (1.43x .. 3.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len <= 191:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 4 workloads, 1.26x (1.12x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len > 191:
+        return 'flashinfer_direct'
+    # region 13: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 4635 and num_seqs > 116:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -160,157 +196,147 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.73% mean, 48.34% max;
-#             1.211x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 2.02% mean, 33.09% max;
-#             2.436x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.85% mean, 69.69% max;
+#             1.204x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 3.93% mean, 74.70% max;
+#             2.460x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.81x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
 #   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
+#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
 #   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   10. total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: flashinfer_direct, 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. num_seqs <= 2 and mean_seq_len > 8 and 32 < max_seq_len <= 44: triton_prefill_fused.c16v32, 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. num_seqs <= 2 and mean_seq_len > 8 and 44 < max_seq_len <= 2281: flashinfer_direct, 14 workloads, 1.96x (1.09x .. 3.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   14. num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 32: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   15. 2 < num_seqs <= 4 and mean_seq_len > 8 and 32 < max_seq_len <= 2655: flashinfer_direct, 17 workloads, 3.00x (1.16x .. 4.96x) over vllm_flashinfer_prefill
-#   16. 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399: flashinfer_direct, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   18. 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   19. 3 < num_seqs <= 4 and mean_seq_len > 8 and 26 < max_seq_len <= 32: flashinfer_direct, 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   20. 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   21. 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   22. 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   23. 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   24. 21 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667: cuda_prefill_staged.r64s4, 7 workloads, 1.20x (1.05x .. 1.29x) over vllm_flashinfer_prefill
-#   25. 21 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len > 1667: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166: cuda_prefill_staged.r64s4, 6 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill
-#   27. num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8
-#   28. num_seqs > 21 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 13 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   29. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 910: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   30. num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 910: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   31. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   32. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   33. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
-#   34. 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8
-#   35. total_seq_len > 51 and 2 < mean_seq_len <= 8: cuda_prefill_staged.r64s4, 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-#   36. 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
-#   38. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 19: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   39. total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 19: cuda_prefill_staged.r64s4, 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   41. total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
+#   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 449: flashinfer_direct, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 32: flashinfer_direct, 28 workloads, 2.63x (1.09x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   13. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and 380 < max_seq_len <= 1797: cuda_prefill_staged.r64s4, 4 workloads, 1.16x (1.08x .. 1.27x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   15. total_seq_len <= 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   16. num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 32: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   17. 3 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   18. 3 < num_seqs <= 4 and mean_seq_len > 9 and 26 < max_seq_len <= 32: flashinfer_direct, 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
+#   19. 4 < num_seqs <= 10 and mean_seq_len > 9 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   20. 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   21. num_seqs > 21 and 9 < mean_seq_len <= 45 and max_seq_len <= 380: cuda_prefill_staged.r64s4, 11 workloads, 1.22x (1.13x .. 1.32x) over vllm_flashinfer_prefill
+#   22. num_seqs > 21 and 45 < mean_seq_len <= 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
+#   23. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
+#   24. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   26. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 51 and 2 < mean_seq_len <= 9: cuda_prefill_staged.r64s4, 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+#   28. 545 < total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 9: flashinfer_direct, 4 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   30. 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 1259: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   31. 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   32. 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 1667: flashinfer_direct, 2 workloads, 2.32x (1.67x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   33. 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 1667: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 380: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   38. total_seq_len > 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 36 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 45 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k16c8, 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.94x (3.60x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 90 and max_seq_len > 32: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct
-#   7. 22 < total_seq_len <= 78 and 8 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. 36 < total_seq_len <= 78 and 4 < max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.32x (3.32x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. 78 < total_seq_len <= 362 and num_seqs > 45 and 11 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   11. 78 < total_seq_len <= 724 and 4 < max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.79x (2.13x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 78 < total_seq_len <= 3448 and num_seqs <= 45 and 11 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.99x (2.74x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 78 < total_seq_len <= 3448 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   14. 90 < total_seq_len <= 3448 and max_seq_len > 16: cuda_prefill_staged.r64s4, 83 workloads, 3.20x (1.45x .. 8.61x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   15. 362 < total_seq_len <= 3448 and num_seqs > 45 and 11 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11: cuda_prefill_staged.r64s4, 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 3448 < total_seq_len <= 5404 and num_seqs <= 1 and max_seq_len > 4072: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   18. 3448 < total_seq_len <= 5404 and max_seq_len <= 4072: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 3448 < total_seq_len <= 5404 and num_seqs > 1 and max_seq_len > 4072: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   20. 5404 < total_seq_len <= 10776 and num_seqs <= 11 and max_seq_len <= 3489: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 5404 < total_seq_len <= 10776 and num_seqs <= 11 and 3489 < max_seq_len <= 8189: flashinfer_direct, 2 workloads, 1.50x (1.42x .. 1.57x) over vllm_flashinfer_prefill
-#   22. 5404 < total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 1780: cuda_prefill_staged.r64s4, 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   23. 5404 < total_seq_len <= 11585 and num_seqs > 22 and max_seq_len > 1780: flashinfer_direct, 3 workloads, 1.30x (1.18x .. 1.42x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 5404 and num_seqs <= 11 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 5404 and num_seqs > 11 and mean_seq_len <= 104 and max_seq_len <= 1780: cuda_prefill_staged.r64s4, 3 workloads, 1.51x (1.29x .. 1.67x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   26. total_seq_len > 5404 and num_seqs > 11 and mean_seq_len > 104 and max_seq_len <= 1780: flashinfer_direct, 8 workloads, 1.47x (1.20x .. 1.65x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 10776 and num_seqs <= 11 and max_seq_len <= 8189: flashinfer_direct, 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill
-#   28. total_seq_len > 11585 and num_seqs > 11 and 1780 < max_seq_len <= 32576: flashinfer_direct, 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 11585 and num_seqs > 11 and max_seq_len > 32576: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 22 and 8 < max_seq_len <= 23: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 63 and 23 < max_seq_len <= 59: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.07x (7.03x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.78x (3.32x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 181 and mean_seq_len <= 12 and max_seq_len > 59: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.74x (2.51x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 3448 and mean_seq_len > 12 and 59 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.10x (2.02x .. 2.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 3448 and mean_seq_len > 12 and max_seq_len > 63: cuda_prefill_staged.r64s4, 61 workloads, 3.49x (1.50x .. 7.72x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. 22 < total_seq_len <= 78 and 8 < max_seq_len <= 23: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 63 < total_seq_len <= 168 and 23 < max_seq_len <= 59: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.18x (3.30x .. 7.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   10. 78 < total_seq_len <= 397 and 11 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.87x (2.34x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 78 < total_seq_len <= 724 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.85x (2.13x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
+#   12. 168 < total_seq_len <= 3448 and 23 < max_seq_len <= 59: cuda_prefill_staged.r64s4, 9 workloads, 2.02x (1.49x .. 3.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
+#   13. 181 < total_seq_len <= 3448 and mean_seq_len <= 12 and max_seq_len > 59: cuda_prefill_staged.r64s4, 6 workloads, 2.12x (1.48x .. 2.77x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. 397 < total_seq_len <= 3448 and 11 < max_seq_len <= 23: cuda_prefill_staged.r64s4, 2 workloads, 2.69x (2.12x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 724 < total_seq_len <= 3448 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 2 workloads, 2.42x (2.40x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 3448 < total_seq_len <= 7643 and num_seqs <= 1: cuda_prefill_cp.p4, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
+#   17. 3448 < total_seq_len <= 7643 and num_seqs > 1: cuda_prefill_staged.r64s4, 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   18. 7643 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 5 workloads, 1.82x (1.62x .. 2.27x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   20. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   21. total_seq_len > 7643 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   22. total_seq_len > 7643 and 4 < num_seqs <= 22 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   23. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. total_seq_len > 7643 and num_seqs > 4 and 104 < mean_seq_len <= 362 and max_seq_len <= 7170: flashinfer_direct, 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+#   25. total_seq_len > 7643 and 22 < num_seqs <= 90 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
+#   26. total_seq_len > 7643 and num_seqs > 90 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.81, 1.95, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 9), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 8), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 1448)}, 'workloads': 9, 'speedup': (1.06, 1.07, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (32, 44), 'mean_seq_len': (8, None), 'num_seqs': (None, 2)}, 'workloads': 1, 'speedup': (4.17, 4.17, 4.17), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (44, 2281), 'mean_seq_len': (8, None), 'num_seqs': (None, 2)}, 'workloads': 14, 'speedup': (1.09, 1.96, 3.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (8, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (8, None), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (4.73, 5.3, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 2655), 'mean_seq_len': (8, None), 'num_seqs': (2, 4)}, 'workloads': 17, 'speedup': (1.16, 3.0, 4.96), 'fallbacks': ()},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2655, 4399), 'mean_seq_len': (8, None), 'num_seqs': (2, 4)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4399, None), 'mean_seq_len': (8, None), 'num_seqs': (2, 4)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (8, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, 32), 'mean_seq_len': (8, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (4.49, 4.49, 4.49), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (8, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (518, 1016), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1016, None), 'mean_seq_len': (8, None), 'num_seqs': (10, 21)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1667), 'mean_seq_len': (8, 26), 'num_seqs': (21, 138)}, 'workloads': 7, 'speedup': (1.05, 1.2, 1.29), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (8, 26), 'num_seqs': (21, 138)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 166), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 6, 'speedup': (1.11, 1.14, 1.17), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (166, None), 'mean_seq_len': (26, 45), 'num_seqs': (21, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (21, None)}, 'workloads': 13, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 910), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (910, None), 'mean_seq_len': (8, 26), 'num_seqs': (138, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 3, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, 168)}, 'workloads': 1, 'speedup': (1.41, 1.41, 1.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8',)},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 8), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.09, 1.3, 1.48), 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (168, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (168, 362)}, 'workloads': 1, 'speedup': (1.52, 1.52, 1.52), 'fallbacks': ()},
-    {'region': 38, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 19), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.55, 1.59, 1.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (19, None), 'mean_seq_len': (None, 2), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.51, 1.51, 1.51), 'fallbacks': ()},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (8, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 518), 'mean_seq_len': (8, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 9), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 9), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 545)}, 'workloads': 5, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 545)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 28, 'speedup': (1.09, 2.63, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (380, 1797), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.08, 1.16, 1.27), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (73, None), 'num_seqs': (21, None), 'total_seq_len': (None, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (9, None), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (4.73, 5.3, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (9, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, 32), 'mean_seq_len': (9, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (4.49, 4.49, 4.49), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (9, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (9, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (9, 45), 'num_seqs': (21, None)}, 'workloads': 11, 'speedup': (1.13, 1.22, 1.32), 'fallbacks': ()},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (45, 73), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.55, 1.61, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.45, 1.52, 1.56), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 9), 'total_seq_len': (51, None)}, 'workloads': 20, 'speedup': (1.13, 1.34, 1.53), 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (545, 1448)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1259), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1259, None), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 1667), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, 2438)}, 'workloads': 2, 'speedup': (1.67, 2.32, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, 2438)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 2281), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (73, None), 'num_seqs': (21, None), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (None, 36)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (7.12, 7.12, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (8.46, 8.74, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (5, None), 'total_seq_len': (None, 78)}, 'workloads': 3, 'speedup': (3.6, 3.94, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (32, None), 'total_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (3.24, 5.75, 7.4), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 16), 'total_seq_len': (22, 78)}, 'workloads': 3, 'speedup': (3.76, 6.58, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 8), 'total_seq_len': (36, 78)}, 'workloads': 1, 'speedup': (3.32, 3.32, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 32), 'total_seq_len': (45, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (45, None), 'total_seq_len': (78, 362)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (78, 724)}, 'workloads': 4, 'speedup': (2.13, 2.79, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (None, 45), 'total_seq_len': (78, 3448)}, 'workloads': 3, 'speedup': (2.74, 2.99, 3.39), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (78, 3448)}, 'workloads': 5, 'speedup': (2.17, 2.74, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, None), 'total_seq_len': (90, 3448)}, 'workloads': 83, 'speedup': (1.45, 3.2, 8.61), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 16), 'num_seqs': (45, None), 'total_seq_len': (362, 3448)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4, 11), 'total_seq_len': (724, 3448)}, 'workloads': 1, 'speedup': (2.34, 2.34, 2.34), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4072, None), 'num_seqs': (None, 1), 'total_seq_len': (3448, 5404)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4072), 'total_seq_len': (3448, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4072, None), 'num_seqs': (1, None), 'total_seq_len': (3448, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 3489), 'num_seqs': (None, 11), 'total_seq_len': (5404, 10776)}, 'workloads': 4, 'speedup': (1.73, 2.38, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3489, 8189), 'num_seqs': (None, 11), 'total_seq_len': (5404, 10776)}, 'workloads': 2, 'speedup': (1.42, 1.5, 1.57), 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1780, None), 'num_seqs': (11, 22), 'total_seq_len': (5404, 11585)}, 'workloads': 1, 'speedup': (1.76, 1.76, 1.76), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 23, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1780, None), 'num_seqs': (22, None), 'total_seq_len': (5404, 11585)}, 'workloads': 3, 'speedup': (1.18, 1.3, 1.42), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 11), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1780), 'mean_seq_len': (None, 104), 'num_seqs': (11, None), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.29, 1.51, 1.67), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 1780), 'mean_seq_len': (104, None), 'num_seqs': (11, None), 'total_seq_len': (5404, None)}, 'workloads': 8, 'speedup': (1.2, 1.47, 1.65), 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 8189), 'num_seqs': (None, 11), 'total_seq_len': (10776, None)}, 'workloads': 2, 'speedup': (1.28, 1.4, 1.54), 'fallbacks': ()},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1780, 32576), 'num_seqs': (11, None), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.12, 1.12, 1.12), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (32576, None), 'num_seqs': (11, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 23), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (23, 59), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.03, 7.07, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (8.46, 8.74, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (3.32, 3.78, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (None, 12), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.51, 2.74, 3.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 63), 'mean_seq_len': (12, None), 'total_seq_len': (None, 3448)}, 'workloads': 2, 'speedup': (2.02, 2.1, 2.17), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (12, None), 'total_seq_len': (None, 3448)}, 'workloads': 61, 'speedup': (1.5, 3.49, 7.72), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 23), 'total_seq_len': (22, 78)}, 'workloads': 3, 'speedup': (3.76, 6.58, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (23, 59), 'total_seq_len': (63, 168)}, 'workloads': 6, 'speedup': (3.3, 5.18, 7.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 23), 'total_seq_len': (78, 397)}, 'workloads': 4, 'speedup': (2.34, 2.87, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'total_seq_len': (78, 724)}, 'workloads': 8, 'speedup': (2.13, 2.85, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, 59), 'total_seq_len': (168, 3448)}, 'workloads': 9, 'speedup': (1.49, 2.02, 3.05), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (None, 12), 'total_seq_len': (181, 3448)}, 'workloads': 6, 'speedup': (1.48, 2.12, 2.77), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 23), 'total_seq_len': (397, 3448)}, 'workloads': 2, 'speedup': (2.12, 2.69, 3.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'total_seq_len': (724, 3448)}, 'workloads': 2, 'speedup': (2.4, 2.42, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3448, 7643)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_cp.p8',), 'hand_back': True},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3448, 7643)}, 'workloads': 1, 'speedup': (1.64, 1.64, 1.64), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (362, None), 'num_seqs': (4, None), 'total_seq_len': (7643, 22103)}, 'workloads': 5, 'speedup': (1.62, 1.82, 2.27), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8189), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.55, 2.57, 3.95), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, 16372), 'num_seqs': (4, 22), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (2.01, 2.01, 2.01), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (4, 22), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (None, 104), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.44, 1.58, 1.71), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (104, 362), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.18, 1.36, 1.65), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (22, 90), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.28, 1.51, 1.79), 'fallbacks': ()},
+    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (90, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (362, None), 'num_seqs': (4, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -326,119 +352,113 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 3: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 8 and max_seq_len <= 4:
+    if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 8 and max_seq_len > 4:
+    if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 4:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 6: 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 8 and max_seq_len <= 4:
+    if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 4:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len <= 11:
+    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 8 and max_seq_len > 11:
+    if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
+    # region 9: 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 449:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 449:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 11: 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 10: 9 workloads, 1.07x (1.06x .. 1.10x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
+    # region 12: 28 workloads, 2.63x (1.09x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 32:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 13: 4 workloads, 1.16x (1.08x .. 1.27x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and 380 < max_seq_len <= 1797:
+        return 'cuda_prefill_staged.r64s4'
+    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 1797:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 1 workloads, 4.17x (4.17x .. 4.17x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len > 8 and 32 < max_seq_len <= 44:
-        return ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 14 workloads, 1.96x (1.09x .. 3.25x) over vllm_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len > 8 and 44 < max_seq_len <= 2281:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 13: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 8 and max_seq_len > 2281:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill
-    if num_seqs <= 3 and mean_seq_len > 8 and max_seq_len <= 32:
+    # region 16: 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 32:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 17 workloads, 3.00x (1.16x .. 4.96x) over vllm_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len > 8 and 32 < max_seq_len <= 2655:
-        return 'flashinfer_direct'
-    # region 16: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 4 and mean_seq_len > 8 and max_seq_len <= 26:
+    # region 17: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len <= 26:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill
-    if 3 < num_seqs <= 4 and mean_seq_len > 8 and 26 < max_seq_len <= 32:
+    # region 18: 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 4 and mean_seq_len > 9 and 26 < max_seq_len <= 32:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'flashinfer_direct'
-    # region 20: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if 4 < num_seqs <= 10 and mean_seq_len > 8 and 896 < max_seq_len <= 956:
+    # region 19: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if 4 < num_seqs <= 10 and mean_seq_len > 9 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 21: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len > 956:
+    # region 20: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 956:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if 10 < num_seqs <= 21 and mean_seq_len > 8 and 518 < max_seq_len <= 1016:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 23: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len > 1016:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 24: 7 workloads, 1.20x (1.05x .. 1.29x) over vllm_flashinfer_prefill
-    if 21 < num_seqs <= 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 1667:
+    # region 21: 11 workloads, 1.22x (1.13x .. 1.32x) over vllm_flashinfer_prefill
+    if num_seqs > 21 and 9 < mean_seq_len <= 45 and max_seq_len <= 380:
         return 'cuda_prefill_staged.r64s4'
-    # region 26: 6 workloads, 1.14x (1.11x .. 1.17x) over vllm_flashinfer_prefill
-    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len <= 166:
-        return 'cuda_prefill_staged.r64s4'
-    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and 26 < mean_seq_len <= 45 and max_seq_len > 166:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 28: 13 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 21 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len <= 910:
-        return 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs > 138 and 8 < mean_seq_len <= 26 and max_seq_len > 910:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs > 21 and 45 < mean_seq_len <= 73 and max_seq_len <= 380:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    # region 24: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
     if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 33: 3 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 34: 1 workloads, 1.41x (1.41x .. 1.41x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 168 and mean_seq_len <= 2 and max_seq_len > 19:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 35: 19 workloads, 1.30x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 2 < mean_seq_len <= 8:
-        return 'cuda_prefill_staged.r64s4'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len <= 13:
+    # region 25: 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 37: 1 workloads, 1.52x (1.52x .. 1.52x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 362 and mean_seq_len <= 2 and max_seq_len > 13:
+    # region 26: 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13:
         return 'cuda_prefill_staged.r64s4'
-    # region 38: 2 workloads, 1.59x (1.55x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len <= 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 39: 1 workloads, 1.51x (1.51x .. 1.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and mean_seq_len <= 2 and max_seq_len > 19:
+    # region 27: 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+    if total_seq_len > 51 and 2 < mean_seq_len <= 9:
         return 'cuda_prefill_staged.r64s4'
-    # region 40: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 8 and max_seq_len <= 896:
+    # region 28: 4 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 9:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 29: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and 10 < num_seqs <= 21 and mean_seq_len > 8 and max_seq_len <= 518:
+    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 1259:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259:
+        return 'cuda_prefill_staged.r64s4'
+    # region 32: 2 workloads, 2.32x (1.67x .. 3.23x) over vllm_flashinfer_prefill
+    if 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 1667:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 33: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+    if 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 1667:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 34: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 2281:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 35: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 37: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 380:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 38: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -446,94 +466,95 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 8 < max_seq_len <= 16:
+    if total_seq_len <= 22 and 8 < max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 36 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 7.12x (7.12x .. 7.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 16 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 3.94x (3.60x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 4:
+    # region 2: 2 workloads, 7.07x (7.03x .. 7.12x) over vllm_flashinfer_prefill
+    if total_seq_len <= 63 and 23 < max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 4 workloads, 3.78x (3.32x .. 4.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 5 workloads, 5.75x (3.24x .. 7.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and max_seq_len > 32:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 7: 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 78 and 8 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 8: 1 workloads, 3.32x (3.32x .. 3.32x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 78 and 4 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if 45 < total_seq_len <= 90 and 16 < max_seq_len <= 32:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 362 and num_seqs > 45 and 11 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 4 workloads, 2.79x (2.13x .. 3.77x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 724 and 4 < max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 3 workloads, 2.99x (2.74x .. 3.39x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 3448 and num_seqs <= 45 and 11 < max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 5 workloads, 2.74x (2.17x .. 3.48x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 3448 and max_seq_len <= 4:
+    # region 5: 2 workloads, 2.74x (2.51x .. 3.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 12 and max_seq_len > 59:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 2 workloads, 2.10x (2.02x .. 2.17x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3448 and mean_seq_len > 12 and 59 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 61 workloads, 3.49x (1.50x .. 7.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3448 and mean_seq_len > 12 and max_seq_len > 63:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 78 and 8 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 9: 6 workloads, 5.18x (3.30x .. 7.34x) over vllm_flashinfer_prefill
+    if 63 < total_seq_len <= 168 and 23 < max_seq_len <= 59:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 10: 4 workloads, 2.87x (2.34x .. 3.39x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 397 and 11 < max_seq_len <= 23:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 8 workloads, 2.85x (2.13x .. 3.77x) over vllm_flashinfer_prefill
+    if 78 < total_seq_len <= 724 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 83 workloads, 3.20x (1.45x .. 8.61x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 3448 and max_seq_len > 16:
+    # region 12: 9 workloads, 2.02x (1.49x .. 3.05x) over vllm_flashinfer_prefill
+    if 168 < total_seq_len <= 3448 and 23 < max_seq_len <= 59:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 6 workloads, 2.12x (1.48x .. 2.77x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3448 and mean_seq_len <= 12 and max_seq_len > 59:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 1 workloads, 1.88x (1.88x .. 1.88x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 3448 and num_seqs > 45 and 11 < max_seq_len <= 16:
+    # region 14: 2 workloads, 2.69x (2.12x .. 3.43x) over vllm_flashinfer_prefill
+    if 397 < total_seq_len <= 3448 and 11 < max_seq_len <= 23:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, 2.34x (2.34x .. 2.34x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 3448 and 4 < max_seq_len <= 11:
+    # region 15: 2 workloads, 2.42x (2.40x .. 2.44x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 3448 and max_seq_len <= 11:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 3448 < total_seq_len <= 5404 and num_seqs <= 1 and max_seq_len > 4072:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 3448 < total_seq_len <= 5404 and max_seq_len <= 4072:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 3448 < total_seq_len <= 5404 and num_seqs > 1 and max_seq_len > 4072:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 20: 4 workloads, 2.38x (1.73x .. 3.12x) over vllm_flashinfer_prefill
-    if 5404 < total_seq_len <= 10776 and num_seqs <= 11 and max_seq_len <= 3489:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 2 workloads, 1.50x (1.42x .. 1.57x) over vllm_flashinfer_prefill
-    if 5404 < total_seq_len <= 10776 and num_seqs <= 11 and 3489 < max_seq_len <= 8189:
-        return 'flashinfer_direct'
-    # region 22: 1 workloads, 1.76x (1.76x .. 1.76x) over vllm_flashinfer_prefill
-    if 5404 < total_seq_len <= 11585 and 11 < num_seqs <= 22 and max_seq_len > 1780:
+    # region 16: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill's guarded call
+    if 3448 < total_seq_len <= 7643 and num_seqs <= 1:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 17: 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 7643 and num_seqs > 1:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, 1.30x (1.18x .. 1.42x) over vllm_flashinfer_prefill
-    if 5404 < total_seq_len <= 11585 and num_seqs > 22 and max_seq_len > 1780:
-        return 'flashinfer_direct'
-    # region 24: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5404 and num_seqs <= 11 and max_seq_len > 8189:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 3 workloads, 1.51x (1.29x .. 1.67x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs > 11 and mean_seq_len <= 104 and max_seq_len <= 1780:
+    # region 18: 5 workloads, 1.82x (1.62x .. 2.27x) over vllm_flashinfer_prefill
+    if 7643 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len <= 8189:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 8 workloads, 1.47x (1.20x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs > 11 and mean_seq_len > 104 and max_seq_len <= 1780:
+    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 21: 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and 104 < mean_seq_len <= 362 and max_seq_len <= 7170:
         return 'flashinfer_direct'
-    # region 27: 2 workloads, 1.40x (1.28x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 10776 and num_seqs <= 11 and max_seq_len <= 8189:
+    # region 25: 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and 22 < num_seqs <= 90 and max_seq_len > 7170:
+        return 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 90 and max_seq_len > 7170:
         return 'flashinfer_direct'
-    # region 28: 1 workloads, 1.12x (1.12x .. 1.12x) over vllm_flashinfer_prefill
-    if total_seq_len > 11585 and num_seqs > 11 and 1780 < max_seq_len <= 32576:
+    # region 27: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2 < num_seqs <= 4 and mean_seq_len > 8 and 2655 < max_seq_len <= 4399:  # region 16
+    if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259:  # region 31
+        return True
+    return False
+
+
+def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if 3448 < total_seq_len <= 7643 and num_seqs <= 1:  # region 16
         return True
     return False

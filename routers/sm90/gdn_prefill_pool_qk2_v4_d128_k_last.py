@@ -6,11 +6,14 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-11-30T21:36:55Z
+# measured    up to 2026-12-01T04:02:09Z
 # workloads   132 (workload-set digest 43a7afb111f4644e)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   sglang_flashinfer_prefill       191af6002b6ddb72  132/132  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  18/18  1.21x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  18/18  1.43x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  18/18  1.41x
 #   cuda_prefill_pool_rows.k16c16   055fb5e6e6439e69  119/125  0.93x  [6 screened out]
 #   cuda_prefill_pool_rows.k16c8    45c137085c831c3a  119/125  0.95x  [6 screened out]
 #   cuda_prefill_pool_rows.k1c8     7d4959b45f432e29  109/125  0.28x  [16 screened out]
@@ -20,7 +23,7 @@
 #   cuda_prefill_pool_rows.k4c8     54ed34477b60c6f0  118/125  0.83x  [7 screened out]
 #   cuda_prefill_pool_rows.k8c16    12d2eba987b2b6b2  119/125  0.99x  [6 screened out]
 #   cuda_prefill_pool_rows.k8c8     871e89e87928e8bc  119/125  0.95x  [6 screened out]
-#   cuda_prefill_staged.r64s4       a895aada64a7142b  130/132  2.37x  [2 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  127/132  2.66x  [5 screened out]
 #   flashinfer_direct               59b9ac13af7bd8ff  128/132  1.63x  [4 screened out]
 #   flashinfer_pool_inplace         62cd45a1ce760465  125/132  1.22x  [7 screened out]
 #   flashinfer_pool_inplace.cp_off  4a8bc854fcc1bee5  128/132  1.60x  [4 screened out]
@@ -29,6 +32,9 @@
 #   triton_prefill_fused.c16v32     fb6428ddba622888  128/132  1.57x  [4 screened out]
 #   triton_prefill_fused.c16v64     d797613afc23d91f  128/132  1.57x  [4 screened out]
 # configs     launch configurations the tuner measured as variants of their own
+#   cuda_prefill_cp.p16             segments=16
+#   cuda_prefill_cp.p4              segments=4
+#   cuda_prefill_cp.p8              segments=8
 #   cuda_prefill_pool_rows.k16c16   cfg=(16, 8, 16)
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k1c8     cfg=(1, 128, 8)
@@ -49,54 +55,54 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 18.56% mean, 243.53% max;
-#             1.718x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 11.68% mean, 199.03% max;
-#             4.163x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 18.02% mean, 278.18% max;
+#             1.865x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.93% mean, 368.62% max;
+#             3.936x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 89 and num_seqs <= 5 and 1 < mean_seq_len <= 125: triton_prefill_fused.c16v32, 7 workloads, 5.82x (3.89x .. 9.30x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, flashinfer_direct, flashinfer_pool_inplace.cp_off, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   2. total_seq_len <= 232 and num_seqs > 5 and 1 < mean_seq_len <= 125: triton_prefill_fused.c16v32, 7 workloads, 7.35x (3.44x .. 10.08x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
-#   3. total_seq_len <= 720 and num_seqs <= 5 and mean_seq_len > 125: cuda_prefill_staged.r64s4, 10 workloads, 2.86x (1.82x .. 3.69x) over sglang_flashinfer_prefill; then flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   4. total_seq_len <= 3349 and num_seqs > 5 and mean_seq_len > 125: cuda_prefill_staged.r64s4, 10 workloads, 2.95x (1.15x .. 7.87x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   1. total_seq_len <= 203 and 1 < mean_seq_len <= 64: triton_prefill_fused.c16v32, 14 workloads, 6.54x (3.44x .. 10.08x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
+#   2. total_seq_len <= 203 and 64 < mean_seq_len <= 447: cuda_prefill_staged.r64s4, 2 workloads, 3.54x (3.38x .. 3.72x) over sglang_flashinfer_prefill; then flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, flashinfer_pool_inplace, cuda_prefill_pool_rows.k4c16
+#   3. total_seq_len <= 4529 and 447 < mean_seq_len <= 1448: triton_prefill_chunked.v16, 8 workloads, 1.86x (1.40x .. 2.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   4. total_seq_len <= 10203 and mean_seq_len > 1448: cuda_prefill_cp.p8, 5 workloads, 1.32x (1.16x .. 1.60x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p16, flashinfer_pool_inplace
 #   5. mean_seq_len <= 1: cuda_prefill_pool_rows.k8c8, 4 workloads, 6.30x (2.95x .. 12.74x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   6. total_seq_len > 89 and num_seqs <= 5 and 1 < mean_seq_len <= 125: cuda_prefill_staged.r64s4, 5 workloads, 3.39x (2.85x .. 4.26x) over sglang_flashinfer_prefill; then flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   7. total_seq_len > 232 and num_seqs > 5 and 1 < mean_seq_len <= 125: cuda_prefill_staged.r64s4, 54 workloads, 2.68x (1.06x .. 6.87x) over sglang_flashinfer_prefill
-#   8. 720 < total_seq_len <= 3349 and num_seqs <= 5 and mean_seq_len > 125: triton_prefill_chunked.v16, 10 workloads, 1.97x (1.40x .. 2.62x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   9. total_seq_len > 3349 and num_seqs <= 26 and mean_seq_len > 125: flashinfer_pool_inplace, 18 workloads, 1.16x (1.05x .. 1.30x) over sglang_flashinfer_prefill
-#   10. total_seq_len > 3349 and num_seqs > 26 and mean_seq_len > 125: sglang_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64, triton_prefill_chunked.v16
+#   6. total_seq_len > 203 and 1 < mean_seq_len <= 447: cuda_prefill_staged.r64s4, 87 workloads, 2.74x (1.16x .. 7.85x) over sglang_flashinfer_prefill
+#   7. total_seq_len > 4529 and 447 < mean_seq_len <= 1448: flashinfer_pool_inplace, 7 workloads, 1.19x (1.05x .. 1.30x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 10203 and mean_seq_len > 1448: flashinfer_pool_inplace, 5 workloads, 1.10x (1.05x .. 1.13x) over sglang_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 123 and num_seqs <= 5 and 45 < mean_seq_len <= 930: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.14x (7.94x .. 10.52x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   2. total_seq_len <= 400 and num_seqs > 5 and mean_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 8 workloads, 8.59x (3.36x .. 14.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   3. total_seq_len <= 400 and num_seqs > 5 and 8 < mean_seq_len <= 930: cuda_prefill_pool_rows.k8c16, 10 workloads, 9.92x (5.25x .. 16.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
-#   4. total_seq_len <= 5792 and mean_seq_len > 930: cuda_prefill_staged.r64s4, 2 workloads, 3.84x (3.19x .. 4.61x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   5. num_seqs <= 5 and mean_seq_len <= 45: cuda_prefill_pool_rows.k8c16, 8 workloads, 14.23x (11.34x .. 17.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   6. total_seq_len > 123 and num_seqs <= 5 and 45 < mean_seq_len <= 930: cuda_prefill_staged.r64s4, 23 workloads, 6.86x (3.61x .. 13.44x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   7. total_seq_len > 400 and num_seqs > 5 and mean_seq_len <= 930: cuda_prefill_staged.r64s4, 67 workloads, 4.83x (1.50x .. 14.47x) over sglang_flashinfer_prefill
-#   8. total_seq_len > 5792 and mean_seq_len > 930: flashinfer_pool_inplace, 12 workloads, 1.44x (1.37x .. 1.51x) over sglang_flashinfer_prefill
+#   1. total_seq_len <= 416 and num_seqs <= 8 and 11 < mean_seq_len <= 930: cuda_prefill_pool_rows.k8c16, 24 workloads, 9.07x (4.70x .. 15.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   2. total_seq_len <= 518 and mean_seq_len <= 5: cuda_prefill_pool_rows.k8c8, 13 workloads, 8.34x (3.36x .. 16.76x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   3. total_seq_len <= 846 and num_seqs > 8 and 11 < mean_seq_len <= 930: cuda_prefill_pool_rows.k8c16, 11 workloads, 7.86x (2.99x .. 16.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct
+#   4. num_seqs <= 2 and mean_seq_len > 930: cuda_prefill_cp.p16, 5 workloads, 3.37x (2.02x .. 5.78x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_pool_inplace
+#   5. 5 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 6 workloads, 3.44x (2.61x .. 4.72x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   6. 2 < num_seqs <= 4 and mean_seq_len > 930: cuda_prefill_cp.p4, 4 workloads, 3.86x (3.29x .. 4.49x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_pool_inplace
+#   7. num_seqs > 4 and mean_seq_len > 930: flashinfer_pool_inplace, 5 workloads, 1.45x (1.41x .. 1.51x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 416 and num_seqs <= 8 and 11 < mean_seq_len <= 930: cuda_prefill_staged.r64s4, 23 workloads, 5.94x (3.47x .. 13.66x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   9. total_seq_len > 518 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 4 workloads, 3.75x (3.31x .. 4.15x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   10. total_seq_len > 846 and num_seqs > 8 and 11 < mean_seq_len <= 930: cuda_prefill_staged.r64s4, 37 workloads, 3.78x (1.58x .. 7.53x) over sglang_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 125), 'num_seqs': (None, 5), 'total_seq_len': (None, 89)}, 'workloads': 7, 'speedup': (3.89, 5.82, 9.3), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 125), 'num_seqs': (5, None), 'total_seq_len': (None, 232)}, 'workloads': 7, 'speedup': (3.44, 7.35, 10.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 720)}, 'workloads': 10, 'speedup': (1.82, 2.86, 3.69), 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (5, None), 'total_seq_len': (None, 3349)}, 'workloads': 10, 'speedup': (1.15, 2.95, 7.87), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (1, 64), 'total_seq_len': (None, 203)}, 'workloads': 14, 'speedup': (3.44, 6.54, 10.08), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (64, 447), 'total_seq_len': (None, 203)}, 'workloads': 2, 'speedup': (3.38, 3.54, 3.72), 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k4c16')},
+    {'region': 3, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (447, 1448), 'total_seq_len': (None, 4529)}, 'workloads': 8, 'speedup': (1.4, 1.86, 2.62), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (None, 10203)}, 'workloads': 5, 'speedup': (1.16, 1.32, 1.6), 'fallbacks': ('cuda_prefill_cp.p16', 'flashinfer_pool_inplace')},
     {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1)}, 'workloads': 4, 'speedup': (2.95, 6.3, 12.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (1, 125), 'num_seqs': (None, 5), 'total_seq_len': (89, None)}, 'workloads': 5, 'speedup': (2.85, 3.39, 4.26), 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (1, 125), 'num_seqs': (5, None), 'total_seq_len': (232, None)}, 'workloads': 54, 'speedup': (1.06, 2.68, 6.87), 'fallbacks': ()},
-    {'region': 8, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (None, 5), 'total_seq_len': (720, 3349)}, 'workloads': 10, 'speedup': (1.4, 1.97, 2.62), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (None, 26), 'total_seq_len': (3349, None)}, 'workloads': 18, 'speedup': (1.05, 1.16, 1.3), 'fallbacks': ()},
-    {'region': 10, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'mean_seq_len': (125, None), 'num_seqs': (26, None), 'total_seq_len': (3349, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (1, 447), 'total_seq_len': (203, None)}, 'workloads': 87, 'speedup': (1.16, 2.74, 7.85), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (447, 1448), 'total_seq_len': (4529, None)}, 'workloads': 7, 'speedup': (1.05, 1.19, 1.3), 'fallbacks': ()},
+    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (10203, None)}, 'workloads': 5, 'speedup': (1.05, 1.1, 1.13), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (45, 930), 'num_seqs': (None, 5), 'total_seq_len': (None, 123)}, 'workloads': 2, 'speedup': (7.94, 9.14, 10.52), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 400)}, 'workloads': 8, 'speedup': (3.36, 8.59, 14.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (8, 930), 'num_seqs': (5, None), 'total_seq_len': (None, 400)}, 'workloads': 10, 'speedup': (5.25, 9.92, 16.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (930, None), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (3.19, 3.84, 4.61), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (11.34, 14.23, 17.14), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (45, 930), 'num_seqs': (None, 5), 'total_seq_len': (123, None)}, 'workloads': 23, 'speedup': (3.61, 6.86, 13.44), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 930), 'num_seqs': (5, None), 'total_seq_len': (400, None)}, 'workloads': 67, 'speedup': (1.5, 4.83, 14.47), 'fallbacks': ()},
-    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (930, None), 'total_seq_len': (5792, None)}, 'workloads': 12, 'speedup': (1.37, 1.44, 1.51), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (11, 930), 'num_seqs': (None, 8), 'total_seq_len': (None, 416)}, 'workloads': 24, 'speedup': (4.7, 9.07, 15.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 518)}, 'workloads': 13, 'speedup': (3.36, 8.34, 16.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (11, 930), 'num_seqs': (8, None), 'total_seq_len': (None, 846)}, 'workloads': 11, 'speedup': (2.99, 7.86, 16.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (930, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.02, 3.37, 5.78), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_pool_inplace')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, 11)}, 'workloads': 6, 'speedup': (2.61, 3.44, 4.72), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (930, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (3.29, 3.86, 4.49), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace')},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (930, None), 'num_seqs': (4, None)}, 'workloads': 5, 'speedup': (1.41, 1.45, 1.51), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, 930), 'num_seqs': (None, 8), 'total_seq_len': (416, None)}, 'workloads': 23, 'speedup': (3.47, 5.94, 13.66), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (518, None)}, 'workloads': 4, 'speedup': (3.31, 3.75, 4.15), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, 930), 'num_seqs': (8, None), 'total_seq_len': (846, None)}, 'workloads': 37, 'speedup': (1.58, 3.78, 7.53), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -105,66 +111,66 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 7 workloads, 5.82x (3.89x .. 9.30x) over sglang_flashinfer_prefill
-    if total_seq_len <= 89 and num_seqs <= 5 and 1 < mean_seq_len <= 125:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 7 workloads, 7.35x (3.44x .. 10.08x) over sglang_flashinfer_prefill
-    if total_seq_len <= 232 and num_seqs > 5 and 1 < mean_seq_len <= 125:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 10 workloads, 2.86x (1.82x .. 3.69x) over sglang_flashinfer_prefill
-    if total_seq_len <= 720 and num_seqs <= 5 and mean_seq_len > 125:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 10 workloads, 2.95x (1.15x .. 7.87x) over sglang_flashinfer_prefill
-    if total_seq_len <= 3349 and num_seqs > 5 and mean_seq_len > 125:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 1: 14 workloads, 6.54x (3.44x .. 10.08x) over sglang_flashinfer_prefill
+    if total_seq_len <= 203 and 1 < mean_seq_len <= 64:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 2 workloads, 3.54x (3.38x .. 3.72x) over sglang_flashinfer_prefill
+    if total_seq_len <= 203 and 64 < mean_seq_len <= 447:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_pool_inplace', 'cuda_prefill_pool_rows.k4c16') if inside else 'cuda_prefill_staged.r64s4'
+    # region 3: 8 workloads, 1.86x (1.40x .. 2.62x) over sglang_flashinfer_prefill
+    if total_seq_len <= 4529 and 447 < mean_seq_len <= 1448:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 4: 5 workloads, 1.32x (1.16x .. 1.60x) over sglang_flashinfer_prefill
+    if total_seq_len <= 10203 and mean_seq_len > 1448:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p8'
     # region 5: 4 workloads, 6.30x (2.95x .. 12.74x) over sglang_flashinfer_prefill
     if mean_seq_len <= 1:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 5 workloads, 3.39x (2.85x .. 4.26x) over sglang_flashinfer_prefill
-    if total_seq_len > 89 and num_seqs <= 5 and 1 < mean_seq_len <= 125:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 54 workloads, 2.68x (1.06x .. 6.87x) over sglang_flashinfer_prefill
-    if total_seq_len > 232 and num_seqs > 5 and 1 < mean_seq_len <= 125:
+    # region 6: 87 workloads, 2.74x (1.16x .. 7.85x) over sglang_flashinfer_prefill
+    if total_seq_len > 203 and 1 < mean_seq_len <= 447:
         return 'cuda_prefill_staged.r64s4'
-    # region 8: 10 workloads, 1.97x (1.40x .. 2.62x) over sglang_flashinfer_prefill
-    if 720 < total_seq_len <= 3349 and num_seqs <= 5 and mean_seq_len > 125:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
-    # region 9: 18 workloads, 1.16x (1.05x .. 1.30x) over sglang_flashinfer_prefill
-    if total_seq_len > 3349 and num_seqs <= 26 and mean_seq_len > 125:
+    # region 7: 7 workloads, 1.19x (1.05x .. 1.30x) over sglang_flashinfer_prefill
+    if total_seq_len > 4529 and 447 < mean_seq_len <= 1448:
         return 'flashinfer_pool_inplace'
-    # region 10: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3349 and num_seqs > 26 and mean_seq_len > 125:
-        return ('sglang_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16') if inside else 'sglang_flashinfer_prefill'
+    # region 8: 5 workloads, 1.10x (1.05x .. 1.13x) over sglang_flashinfer_prefill
+    if total_seq_len > 10203 and mean_seq_len > 1448:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 9.14x (7.94x .. 10.52x) over sglang_flashinfer_prefill
-    if total_seq_len <= 123 and num_seqs <= 5 and 45 < mean_seq_len <= 930:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 8 workloads, 8.59x (3.36x .. 14.99x) over sglang_flashinfer_prefill
-    if total_seq_len <= 400 and num_seqs > 5 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 10 workloads, 9.92x (5.25x .. 16.82x) over sglang_flashinfer_prefill
-    if total_seq_len <= 400 and num_seqs > 5 and 8 < mean_seq_len <= 930:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 4: 2 workloads, 3.84x (3.19x .. 4.61x) over sglang_flashinfer_prefill
-    if total_seq_len <= 5792 and mean_seq_len > 930:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 8 workloads, 14.23x (11.34x .. 17.14x) over sglang_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 6: 23 workloads, 6.86x (3.61x .. 13.44x) over sglang_flashinfer_prefill
-    if total_seq_len > 123 and num_seqs <= 5 and 45 < mean_seq_len <= 930:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 67 workloads, 4.83x (1.50x .. 14.47x) over sglang_flashinfer_prefill
-    if total_seq_len > 400 and num_seqs > 5 and mean_seq_len <= 930:
-        return 'cuda_prefill_staged.r64s4'
-    # region 8: 12 workloads, 1.44x (1.37x .. 1.51x) over sglang_flashinfer_prefill
-    if total_seq_len > 5792 and mean_seq_len > 930:
+    # region 1: 24 workloads, 9.07x (4.70x .. 15.99x) over sglang_flashinfer_prefill
+    if total_seq_len <= 416 and num_seqs <= 8 and 11 < mean_seq_len <= 930:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 2: 13 workloads, 8.34x (3.36x .. 16.76x) over sglang_flashinfer_prefill
+    if total_seq_len <= 518 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 11 workloads, 7.86x (2.99x .. 16.82x) over sglang_flashinfer_prefill
+    if total_seq_len <= 846 and num_seqs > 8 and 11 < mean_seq_len <= 930:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 4: 5 workloads, 3.37x (2.02x .. 5.78x) over sglang_flashinfer_prefill
+    if num_seqs <= 2 and mean_seq_len > 930:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p16'
+    # region 5: 6 workloads, 3.44x (2.61x .. 4.72x) over sglang_flashinfer_prefill
+    if 5 < mean_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 4 workloads, 3.86x (3.29x .. 4.49x) over sglang_flashinfer_prefill
+    if 2 < num_seqs <= 4 and mean_seq_len > 930:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p4'
+    # region 7: 5 workloads, 1.45x (1.41x .. 1.51x) over sglang_flashinfer_prefill
+    if num_seqs > 4 and mean_seq_len > 930:
         return 'flashinfer_pool_inplace'
+    # region 8: 23 workloads, 5.94x (3.47x .. 13.66x) over sglang_flashinfer_prefill
+    if total_seq_len > 416 and num_seqs <= 8 and 11 < mean_seq_len <= 930:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 4 workloads, 3.75x (3.31x .. 4.15x) over sglang_flashinfer_prefill
+    if total_seq_len > 518 and mean_seq_len <= 5:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 37 workloads, 3.78x (1.58x .. 7.53x) over sglang_flashinfer_prefill
+    if total_seq_len > 846 and num_seqs > 8 and 11 < mean_seq_len <= 930:
+        return 'cuda_prefill_staged.r64s4'
     return 'sglang_flashinfer_prefill'
 
 
@@ -173,121 +179,167 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.82% mean, 37.43% max;
-#             1.985x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.05% mean, 70.86% max;
-#             4.469x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 18.56% mean, 346.91% max;
+#             1.918x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 21.30% mean, 292.81% max;
+#             3.685x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 45 and 5 < num_seqs <= 45 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k1c8, cuda_prefill_staged.r64s4, flashinfer_pool_inplace.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace
-#   2. total_seq_len <= 45 and 5 < num_seqs <= 45 and 2 < max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r64s4
-#   3. total_seq_len <= 181 and num_seqs > 45 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 1448 and num_seqs <= 16 and 597 < max_seq_len <= 933: triton_prefill_chunked.v16, 5 workloads, 1.89x (1.73x .. 2.12x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off
-#   5. total_seq_len <= 2896 and num_seqs <= 16 and 933 < max_seq_len <= 1486: triton_prefill_chunked.v16, 2 workloads, 1.74x (1.55x .. 1.95x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off
-#   6. total_seq_len <= 2896 and num_seqs <= 113 and mean_seq_len <= 90 and max_seq_len > 1486: triton_prefill_chunked.v16, 2 workloads, 1.66x (1.66x .. 1.67x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace, cuda_prefill_staged.r64s4, flashinfer_direct, flashinfer_pool_inplace.cp_off
-#   7. total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652: triton_prefill_chunked.v16, 1 workloads, 1.63x (1.63x .. 1.63x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_direct, flashinfer_pool_inplace.cp_off, cuda_prefill_staged.r64s4
-#   8. total_seq_len <= 11585 and num_seqs > 45 and mean_seq_len > 90 and max_seq_len > 2652: flashinfer_pool_inplace, 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
-#   9. total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 1486: cuda_prefill_staged.r64s4, 1 workloads, 1.59x (1.59x .. 1.59x) over sglang_flashinfer_prefill
-#   10. total_seq_len <= 23170 and 11 < num_seqs <= 45 and mean_seq_len > 90 and max_seq_len > 2652: flashinfer_pool_inplace, 2 workloads, 1.13x (1.04x .. 1.21x) over sglang_flashinfer_prefill
-#   11. num_seqs <= 5 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 13.07x (12.97x .. 13.18x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k1c8, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
-#   12. num_seqs <= 5 and 7 < max_seq_len <= 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r64s4
-#   13. num_seqs <= 11 and mean_seq_len > 90 and max_seq_len > 1486: flashinfer_pool_inplace, 13 workloads, 1.16x (1.05x .. 1.30x) over sglang_flashinfer_prefill
-#   14. num_seqs <= 16 and 10 < max_seq_len <= 44: triton_prefill_fused.c16v32, 13 workloads, 7.84x (5.25x .. 10.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
-#   15. num_seqs <= 16 and 44 < max_seq_len <= 597: cuda_prefill_staged.r64s4, 42 workloads, 3.47x (1.82x .. 6.14x) over sglang_flashinfer_prefill
-#   16. num_seqs > 16 and 10 < max_seq_len <= 1486: cuda_prefill_staged.r64s4, 34 workloads, 2.02x (1.13x .. 3.05x) over sglang_flashinfer_prefill
-#   17. 113 < num_seqs <= 181 and mean_seq_len <= 90 and 1486 < max_seq_len <= 3633: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   18. 113 < num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 3633: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
-#   19. total_seq_len > 45 and 5 < num_seqs <= 45 and mean_seq_len <= 5 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 1 workloads, 12.28x (12.28x .. 12.28x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_staged.r64s4
-#   20. total_seq_len > 45 and 5 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len <= 10: triton_prefill_fused.c16v64, 1 workloads, 4.96x (4.96x .. 4.96x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16
-#   21. 181 < total_seq_len <= 400 and num_seqs > 45 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.54x (3.45x .. 3.63x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32
-#   22. total_seq_len > 400 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.65x (3.65x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_direct
-#   23. total_seq_len > 400 and num_seqs > 45 and mean_seq_len > 2 and max_seq_len <= 10: cuda_prefill_staged.r64s4, 4 workloads, 3.50x (2.48x .. 6.87x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, flashinfer_direct
-#   24. total_seq_len > 1448 and num_seqs <= 16 and 597 < max_seq_len <= 933: cuda_prefill_staged.r64s4, 2 workloads, 2.30x (1.99x .. 2.67x) over sglang_flashinfer_prefill; then flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   25. 2896 < total_seq_len <= 5792 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   26. total_seq_len > 2896 and num_seqs <= 16 and 933 < max_seq_len <= 1486: cuda_prefill_staged.r64s4, 1 workloads, 2.13x (2.13x .. 2.13x) over sglang_flashinfer_prefill
-#   27. total_seq_len > 2896 and num_seqs <= 113 and mean_seq_len <= 90 and 1486 < max_seq_len <= 2081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace, flashinfer_direct, flashinfer_pool_inplace.cp_off
-#   28. total_seq_len > 2896 and num_seqs <= 113 and mean_seq_len <= 90 and max_seq_len > 2081: flashinfer_pool_inplace, 1 workloads, 1.08x (1.08x .. 1.08x) over sglang_flashinfer_prefill
-#   29. 5792 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652: cuda_prefill_staged.r64s4, 1 workloads, 1.38x (1.38x .. 1.38x) over sglang_flashinfer_prefill
-#   30. total_seq_len > 11585 and num_seqs > 45 and mean_seq_len > 90 and max_seq_len > 2652: sglang_flashinfer_prefill (baseline), 0 workloads
-#   31. total_seq_len > 11585 and num_seqs > 181 and mean_seq_len <= 90 and 1486 < max_seq_len <= 7177: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   32. total_seq_len > 11585 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 7177: sglang_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 23170 and 11 < num_seqs <= 45 and mean_seq_len > 90 and max_seq_len > 2652: sglang_flashinfer_prefill (baseline), 0 workloads
-#   34. total_seq_len > 23170 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652: sglang_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 181 and num_seqs > 45 and mean_seq_len <= 447 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 2896 and num_seqs <= 2 and 1486 < max_seq_len <= 2652: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   3. total_seq_len <= 2896 and mean_seq_len > 447 and max_seq_len <= 702: cuda_prefill_staged.r64s4, 3 workloads, 2.29x (2.04x .. 2.70x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v64
+#   4. total_seq_len <= 2896 and mean_seq_len > 447 and 702 < max_seq_len <= 1486: triton_prefill_chunked.v16, 4 workloads, 1.77x (1.55x .. 1.95x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off
+#   5. total_seq_len <= 2896 and 2 < num_seqs <= 22 and 1486 < max_seq_len <= 2652: triton_prefill_chunked.v16, 2 workloads, 1.51x (1.40x .. 1.63x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, triton_prefill_chunked.v64
+#   6. total_seq_len <= 14429 and num_seqs <= 45 and 2652 < max_seq_len <= 4723: flashinfer_pool_inplace, 2 workloads, 1.17x (1.17x .. 1.18x) over sglang_flashinfer_prefill
+#   7. total_seq_len <= 14429 and num_seqs <= 80 and max_seq_len > 4723: flashinfer_pool_inplace, 7 workloads, 1.13x (1.04x .. 1.21x) over sglang_flashinfer_prefill
+#   8. total_seq_len <= 14429 and num_seqs > 45 and 2652 < max_seq_len <= 4723: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   9. total_seq_len <= 14429 and num_seqs > 80 and max_seq_len > 4723: cuda_prefill_staged.r64s4, 1 workloads, 1.25x (1.25x .. 1.25x) over sglang_flashinfer_prefill
+#   10. num_seqs <= 5 and mean_seq_len <= 447 and max_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 2 workloads, 13.07x (12.97x .. 13.18x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k1c8, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   11. num_seqs <= 5 and mean_seq_len <= 447 and 7 < max_seq_len <= 10: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r64s4
+#   12. num_seqs <= 16 and mean_seq_len <= 447 and 10 < max_seq_len <= 44: triton_prefill_fused.c16v32, 13 workloads, 7.84x (5.25x .. 10.01x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
+#   13. num_seqs <= 16 and mean_seq_len <= 447 and 44 < max_seq_len <= 1486: cuda_prefill_staged.r64s4, 42 workloads, 3.60x (1.57x .. 6.14x) over sglang_flashinfer_prefill
+#   14. 5 < num_seqs <= 45 and mean_seq_len <= 5 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 1 workloads, 12.28x (12.28x .. 12.28x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_staged.r64s4
+#   15. 5 < num_seqs <= 45 and 5 < mean_seq_len <= 447 and max_seq_len <= 10: triton_prefill_fused.c16v64, 1 workloads, 4.96x (4.96x .. 4.96x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16
+#   16. num_seqs > 16 and mean_seq_len <= 447 and 10 < max_seq_len <= 1486: cuda_prefill_staged.r64s4, 34 workloads, 2.13x (1.27x .. 3.13x) over sglang_flashinfer_prefill
+#   17. num_seqs > 22 and 1486 < max_seq_len <= 2652: cuda_prefill_staged.r64s4, 3 workloads, 1.48x (1.31x .. 1.78x) over sglang_flashinfer_prefill
+#   18. 181 < total_seq_len <= 400 and num_seqs > 45 and mean_seq_len <= 447 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.54x (3.45x .. 3.63x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32
+#   19. total_seq_len > 400 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.65x (3.65x .. 3.65x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, flashinfer_direct
+#   20. total_seq_len > 400 and num_seqs > 45 and 2 < mean_seq_len <= 447 and max_seq_len <= 10: cuda_prefill_staged.r64s4, 4 workloads, 3.59x (2.57x .. 7.02x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, flashinfer_direct
+#   21. 2896 < total_seq_len <= 5792 and mean_seq_len > 447 and max_seq_len <= 860: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
+#   22. 2896 < total_seq_len <= 5792 and mean_seq_len > 447 and 860 < max_seq_len <= 993: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace, triton_prefill_chunked.v16, triton_prefill_chunked.v64
+#   23. 2896 < total_seq_len <= 11585 and mean_seq_len > 447 and 993 < max_seq_len <= 1486: flashinfer_pool_inplace, 1 workloads, 1.17x (1.17x .. 1.17x) over sglang_flashinfer_prefill
+#   24. 2896 < total_seq_len <= 14429 and num_seqs <= 22 and 1486 < max_seq_len <= 2652: flashinfer_pool_inplace, 3 workloads, 1.23x (1.19x .. 1.30x) over sglang_flashinfer_prefill
+#   25. total_seq_len > 5792 and mean_seq_len > 447 and max_seq_len <= 993: cuda_prefill_staged.r64s4, 2 workloads, 3.45x (2.99x .. 3.97x) over sglang_flashinfer_prefill
+#   26. total_seq_len > 11585 and mean_seq_len > 447 and 993 < max_seq_len <= 1486: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len > 14429 and num_seqs <= 1 and max_seq_len > 23165: flashinfer_pool_inplace, 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
+#   28. total_seq_len > 14429 and num_seqs <= 22 and mean_seq_len <= 1448 and 1486 < max_seq_len <= 2652: flashinfer_pool_inplace, 0 workloads, by estimated times (no measured workload in it)
+#   29. total_seq_len > 14429 and num_seqs <= 22 and 2652 < max_seq_len <= 23165: flashinfer_pool_inplace, 3 workloads, 1.10x (1.05x .. 1.13x) over sglang_flashinfer_prefill
+#   30. total_seq_len > 14429 and num_seqs <= 22 and mean_seq_len > 1448 and 1486 < max_seq_len <= 2652: sglang_flashinfer_prefill (baseline), 0 workloads
+#   31. total_seq_len > 14429 and 1 < num_seqs <= 22 and max_seq_len > 23165: sglang_flashinfer_prefill (baseline), 0 workloads
+#   32. total_seq_len > 14429 and 22 < num_seqs <= 90 and 2652 < max_seq_len <= 9544: sglang_flashinfer_prefill (baseline), 0 workloads
+#   33. total_seq_len > 14429 and 22 < num_seqs <= 181 and max_seq_len > 9544: sglang_flashinfer_prefill (baseline), 0 workloads
+#   34. total_seq_len > 14429 and num_seqs > 90 and 2652 < max_seq_len <= 9544: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   35. total_seq_len > 14429 and num_seqs > 181 and max_seq_len > 9544: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and mean_seq_len <= 5 and max_seq_len <= 1: cuda_prefill_pool_rows.k2c8, 1 workloads, 16.67x (16.67x .. 16.67x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   2. total_seq_len <= 45 and mean_seq_len <= 5 and 1 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 1 workloads, 16.62x (16.62x .. 16.62x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
-#   3. total_seq_len <= 181 and mean_seq_len <= 5 and 21 < max_seq_len <= 80: cuda_prefill_pool_rows.k16c8, 2 workloads, 8.94x (7.42x .. 10.76x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   4. total_seq_len <= 915 and num_seqs <= 13 and mean_seq_len > 5 and max_seq_len <= 80: cuda_prefill_pool_rows.k8c16, 15 workloads, 12.20x (7.51x .. 16.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
-#   5. total_seq_len <= 915 and num_seqs > 13 and mean_seq_len > 5 and max_seq_len <= 80: cuda_prefill_pool_rows.k8c8, 8 workloads, 8.08x (5.28x .. 14.17x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. num_seqs <= 5 and 4093 < max_seq_len <= 4723: flashinfer_pool_inplace, 1 workloads, 1.47x (1.47x .. 1.47x) over sglang_flashinfer_prefill
-#   7. num_seqs <= 11 and 4723 < max_seq_len <= 9544: flashinfer_pool_inplace, 5 workloads, 1.44x (1.40x .. 1.46x) over sglang_flashinfer_prefill
-#   8. mean_seq_len <= 362 and 9544 < max_seq_len <= 32576: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_direct
-#   9. 80 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 72 workloads, 5.38x (2.45x .. 13.44x) over sglang_flashinfer_prefill
-#   10. max_seq_len > 32576: flashinfer_pool_inplace, 1 workloads, 1.45x (1.45x .. 1.45x) over sglang_flashinfer_prefill
-#   11. mean_seq_len > 362 and 9544 < max_seq_len <= 32576: flashinfer_pool_inplace, 2 workloads, 1.45x (1.39x .. 1.51x) over sglang_flashinfer_prefill
-#   12. num_seqs > 5 and 4093 < max_seq_len <= 4723: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, flashinfer_pool_inplace
-#   13. num_seqs > 11 and 4723 < max_seq_len <= 9544: cuda_prefill_staged.r64s4, 4 workloads, 2.02x (1.50x .. 2.50x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   14. total_seq_len > 45 and num_seqs <= 45 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k8c8, 2 workloads, 14.84x (14.68x .. 14.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
-#   15. total_seq_len > 45 and num_seqs > 45 and mean_seq_len <= 5 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 7 workloads, 7.00x (5.20x .. 9.32x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   16. 181 < total_seq_len <= 362 and mean_seq_len <= 5 and 21 < max_seq_len <= 80: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   17. total_seq_len > 362 and mean_seq_len <= 5 and 21 < max_seq_len <= 80: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
-#   18. total_seq_len > 915 and mean_seq_len > 5 and max_seq_len <= 80: cuda_prefill_staged.r64s4, 11 workloads, 5.68x (3.75x .. 9.09x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
+#   1. total_seq_len <= 181 and 87 < max_seq_len <= 122: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.59x (7.25x .. 7.94x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
+#   2. total_seq_len <= 181 and 122 < max_seq_len <= 128: cuda_prefill_pool_rows.k16c16, 1 workloads, 8.10x (8.10x .. 8.10x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
+#   3. total_seq_len <= 286 and 128 < max_seq_len <= 1021: cuda_prefill_staged.r64s4, 8 workloads, 6.44x (4.32x .. 9.68x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
+#   4. total_seq_len <= 915 and num_seqs <= 22 and 18 < max_seq_len <= 87: cuda_prefill_pool_rows.k8c16, 17 workloads, 11.47x (7.51x .. 16.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   5. total_seq_len <= 915 and num_seqs > 22 and 18 < max_seq_len <= 87: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.17x (5.28x .. 7.53x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   6. total_seq_len <= 1074 and num_seqs <= 5 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c16, 3 workloads, 16.52x (15.99x .. 17.14x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   7. total_seq_len <= 1074 and 5 < num_seqs <= 45 and max_seq_len <= 18: cuda_prefill_pool_rows.k8c8, 6 workloads, 11.35x (6.92x .. 14.99x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4
+#   8. total_seq_len <= 1074 and num_seqs > 45 and max_seq_len <= 18: cuda_prefill_pool_rows.k2c8, 9 workloads, 7.02x (5.20x .. 9.32x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
+#   9. total_seq_len <= 2896 and num_seqs <= 5 and 1021 < max_seq_len <= 1123: triton_prefill_chunked.v16, 1 workloads, 3.77x (3.77x .. 3.77x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   10. total_seq_len <= 2896 and num_seqs > 5 and 1021 < max_seq_len <= 1123: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   11. total_seq_len <= 5792 and num_seqs <= 22 and 2047 < max_seq_len <= 2081: triton_prefill_chunked.v16, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   12. total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len <= 724 and max_seq_len > 5418: triton_prefill_chunked.v16, 2 workloads, 1.81x (1.54x .. 2.12x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   13. total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len <= 1448 and 4048 < max_seq_len <= 5418: triton_prefill_chunked.v16, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, triton_prefill_chunked.v64, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   14. total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len > 724 and max_seq_len > 5418: flashinfer_pool_inplace, 5 workloads, 1.44x (1.39x .. 1.51x) over sglang_flashinfer_prefill
+#   15. total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len > 1448 and 4048 < max_seq_len <= 5418: flashinfer_pool_inplace, 1 workloads, 1.47x (1.47x .. 1.47x) over sglang_flashinfer_prefill
+#   16. num_seqs <= 11 and 1859 < max_seq_len <= 2047: triton_prefill_chunked.v16, 1 workloads, 2.50x (2.50x .. 2.50x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   17. 1123 < max_seq_len <= 1859: cuda_prefill_staged.r64s4, 6 workloads, 3.56x (2.58x .. 5.57x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   18. 2081 < max_seq_len <= 4048: cuda_prefill_staged.r64s4, 2 workloads, 3.15x (2.80x .. 3.54x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, flashinfer_direct, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   19. num_seqs > 11 and 1859 < max_seq_len <= 2047: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   20. num_seqs > 22 and 2047 < max_seq_len <= 2081: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, flashinfer_pool_inplace
+#   21. num_seqs > 45 and max_seq_len > 4048: cuda_prefill_staged.r64s4, 2 workloads, 2.42x (2.19x .. 2.68x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   22. 181 < total_seq_len <= 1448 and num_seqs <= 5 and 87 < max_seq_len <= 128: cuda_prefill_pool_rows.k8c16, 3 workloads, 7.68x (7.62x .. 7.76x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8
+#   23. 181 < total_seq_len <= 1448 and num_seqs > 5 and 87 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 2 workloads, 9.52x (6.64x .. 13.66x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   24. 286 < total_seq_len <= 2368 and 128 < max_seq_len <= 228: triton_prefill_fused.c16v64, 4 workloads, 4.09x (3.51x .. 5.68x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   25. 286 < total_seq_len <= 2368 and 228 < max_seq_len <= 1021: cuda_prefill_staged.r64s4, 27 workloads, 5.24x (3.47x .. 10.56x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, flashinfer_pool_inplace.cp_off
+#   26. 915 < total_seq_len <= 1074 and 18 < max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.32x (6.32x .. 6.32x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v32, flashinfer_direct, flashinfer_pool_inplace.cp_off
+#   27. 915 < total_seq_len <= 1074 and 45 < max_seq_len <= 87: cuda_prefill_staged.r64s4, 1 workloads, 7.53x (7.53x .. 7.53x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, flashinfer_direct, flashinfer_pool_inplace.cp_off
+#   28. total_seq_len > 1074 and num_seqs <= 90 and mean_seq_len <= 48 and max_seq_len <= 87: cuda_prefill_staged.r64s4, 2 workloads, 5.08x (4.63x .. 5.56x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   29. total_seq_len > 1074 and num_seqs <= 90 and mean_seq_len > 48 and max_seq_len <= 87: triton_prefill_fused.c16v64, 2 workloads, 5.98x (4.59x .. 7.79x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   30. total_seq_len > 1074 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 51: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.25x (3.67x .. 4.91x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k1c8, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   31. total_seq_len > 1074 and num_seqs > 90 and 51 < max_seq_len <= 87: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   32. total_seq_len > 1074 and num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 51: cuda_prefill_staged.r64s4, 2 workloads, 3.87x (2.92x .. 5.13x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   33. total_seq_len > 1448 and num_seqs <= 45 and 87 < max_seq_len <= 128: triton_prefill_fused.c16v64, 1 workloads, 6.29x (6.29x .. 6.29x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off
+#   34. total_seq_len > 1448 and num_seqs > 45 and 87 < max_seq_len <= 128: cuda_prefill_staged.r64s4, 2 workloads, 3.09x (2.69x .. 3.55x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64
+#   35. total_seq_len > 2368 and 128 < max_seq_len <= 1021: cuda_prefill_staged.r64s4, 9 workloads, 3.57x (2.34x .. 5.83x) over sglang_flashinfer_prefill; then flashinfer_direct
+#   36. total_seq_len > 2896 and num_seqs <= 11 and 1021 < max_seq_len <= 1123: flashinfer_direct, 1 workloads, 2.44x (2.44x .. 2.44x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   37. total_seq_len > 2896 and num_seqs > 11 and 1021 < max_seq_len <= 1123: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, flashinfer_pool_inplace
+#   38. total_seq_len > 5792 and num_seqs <= 22 and 2047 < max_seq_len <= 2081: flashinfer_direct, 1 workloads, 2.74x (2.74x .. 2.74x) over sglang_flashinfer_prefill; then triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   39. total_seq_len > 19164 and num_seqs <= 45 and 4048 < max_seq_len <= 6395: flashinfer_direct, 1 workloads, 1.88x (1.88x .. 1.88x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   40. total_seq_len > 19164 and num_seqs <= 45 and max_seq_len > 6395: flashinfer_pool_inplace, 2 workloads, 1.44x (1.43x .. 1.45x) over sglang_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, 45), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 10), 'num_seqs': (5, 45), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (45, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (597, 933), 'num_seqs': (None, 16), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.73, 1.89, 2.12), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (933, 1486), 'num_seqs': (None, 16), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.55, 1.74, 1.95), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1486, None), 'mean_seq_len': (None, 90), 'num_seqs': (None, 113), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.66, 1.66, 1.67), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 7, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1486, 2652), 'mean_seq_len': (90, None), 'num_seqs': (11, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 8, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2652, None), 'mean_seq_len': (90, None), 'num_seqs': (45, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1486, None), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (None, 11585)}, 'workloads': 1, 'speedup': (1.59, 1.59, 1.59), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2652, None), 'mean_seq_len': (90, None), 'num_seqs': (11, 45), 'total_seq_len': (None, 23170)}, 'workloads': 2, 'speedup': (1.04, 1.13, 1.21), 'fallbacks': ()},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (12.97, 13.07, 13.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 10), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4')},
-    {'region': 13, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, None), 'mean_seq_len': (90, None), 'num_seqs': (None, 11)}, 'workloads': 13, 'speedup': (1.05, 1.16, 1.3), 'fallbacks': ()},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, 44), 'num_seqs': (None, 16)}, 'workloads': 13, 'speedup': (5.25, 7.84, 10.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (44, 597), 'num_seqs': (None, 16)}, 'workloads': 42, 'speedup': (1.82, 3.47, 6.14), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 1486), 'num_seqs': (16, None)}, 'workloads': 34, 'speedup': (1.13, 2.02, 3.05), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1486, 3633), 'mean_seq_len': (None, 90), 'num_seqs': (113, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 18, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (3633, None), 'mean_seq_len': (None, 90), 'num_seqs': (113, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 5), 'num_seqs': (5, 45), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (12.28, 12.28, 12.28), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4')},
-    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (5, None), 'num_seqs': (5, 45), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (4.96, 4.96, 4.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (45, None), 'total_seq_len': (181, 400)}, 'workloads': 2, 'speedup': (3.45, 3.54, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (400, None)}, 'workloads': 1, 'speedup': (3.65, 3.65, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (2, None), 'num_seqs': (45, None), 'total_seq_len': (400, None)}, 'workloads': 4, 'speedup': (2.48, 3.5, 6.87), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (597, 933), 'num_seqs': (None, 16), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.99, 2.3, 2.67), 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 25, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, 2652), 'mean_seq_len': (90, None), 'num_seqs': (11, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (933, 1486), 'num_seqs': (None, 16), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.13, 2.13, 2.13), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1486, 2081), 'mean_seq_len': (None, 90), 'num_seqs': (None, 113), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2081, None), 'mean_seq_len': (None, 90), 'num_seqs': (None, 113), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1486, 2652), 'mean_seq_len': (90, None), 'num_seqs': (11, None), 'total_seq_len': (5792, 23170)}, 'workloads': 1, 'speedup': (1.38, 1.38, 1.38), 'fallbacks': ()},
-    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2652, None), 'mean_seq_len': (90, None), 'num_seqs': (45, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1486, 7177), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 32, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (7177, None), 'mean_seq_len': (None, 90), 'num_seqs': (181, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2652, None), 'mean_seq_len': (90, None), 'num_seqs': (11, 45), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1486, 2652), 'mean_seq_len': (90, None), 'num_seqs': (11, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 447), 'num_seqs': (45, None), 'total_seq_len': (None, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, 2652), 'num_seqs': (None, 2), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 702), 'mean_seq_len': (447, None), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (2.04, 2.29, 2.7), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (702, 1486), 'mean_seq_len': (447, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.55, 1.77, 1.95), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1486, 2652), 'num_seqs': (2, 22), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.4, 1.51, 1.63), 'fallbacks': ('flashinfer_pool_inplace', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2652, 4723), 'num_seqs': (None, 45), 'total_seq_len': (None, 14429)}, 'workloads': 2, 'speedup': (1.17, 1.17, 1.18), 'fallbacks': ()},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (None, 80), 'total_seq_len': (None, 14429)}, 'workloads': 7, 'speedup': (1.04, 1.13, 1.21), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2652, 4723), 'num_seqs': (45, None), 'total_seq_len': (None, 14429)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4723, None), 'num_seqs': (80, None), 'total_seq_len': (None, 14429)}, 'workloads': 1, 'speedup': (1.25, 1.25, 1.25), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 447), 'num_seqs': (None, 5)}, 'workloads': 2, 'speedup': (12.97, 13.07, 13.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (7, 10), 'mean_seq_len': (None, 447), 'num_seqs': (None, 5)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4')},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (10, 44), 'mean_seq_len': (None, 447), 'num_seqs': (None, 16)}, 'workloads': 13, 'speedup': (5.25, 7.84, 10.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (44, 1486), 'mean_seq_len': (None, 447), 'num_seqs': (None, 16)}, 'workloads': 42, 'speedup': (1.57, 3.6, 6.14), 'fallbacks': ()},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 5), 'num_seqs': (5, 45)}, 'workloads': 1, 'speedup': (12.28, 12.28, 12.28), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (5, 447), 'num_seqs': (5, 45)}, 'workloads': 1, 'speedup': (4.96, 4.96, 4.96), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 1486), 'mean_seq_len': (None, 447), 'num_seqs': (16, None)}, 'workloads': 34, 'speedup': (1.27, 2.13, 3.13), 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1486, 2652), 'num_seqs': (22, None)}, 'workloads': 3, 'speedup': (1.31, 1.48, 1.78), 'fallbacks': ()},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 447), 'num_seqs': (45, None), 'total_seq_len': (181, 400)}, 'workloads': 2, 'speedup': (3.45, 3.54, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (45, None), 'total_seq_len': (400, None)}, 'workloads': 1, 'speedup': (3.65, 3.65, 3.65), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_direct')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (2, 447), 'num_seqs': (45, None), 'total_seq_len': (400, None)}, 'workloads': 4, 'speedup': (2.57, 3.59, 7.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 860), 'mean_seq_len': (447, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (860, 993), 'mean_seq_len': (447, None), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (993, 1486), 'mean_seq_len': (447, None), 'total_seq_len': (2896, 11585)}, 'workloads': 1, 'speedup': (1.17, 1.17, 1.17), 'fallbacks': ()},
+    {'region': 24, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, 2652), 'num_seqs': (None, 22), 'total_seq_len': (2896, 14429)}, 'workloads': 3, 'speedup': (1.19, 1.23, 1.3), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 993), 'mean_seq_len': (447, None), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (2.99, 3.45, 3.97), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (993, 1486), 'mean_seq_len': (447, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (23165, None), 'num_seqs': (None, 1), 'total_seq_len': (14429, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ()},
+    {'region': 28, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (1486, 2652), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 22), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 29, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (2652, 23165), 'num_seqs': (None, 22), 'total_seq_len': (14429, None)}, 'workloads': 3, 'speedup': (1.05, 1.1, 1.13), 'fallbacks': ()},
+    {'region': 30, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (1486, 2652), 'mean_seq_len': (1448, None), 'num_seqs': (None, 22), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 31, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (23165, None), 'num_seqs': (1, 22), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 32, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (2652, 9544), 'num_seqs': (22, 90), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'sglang_flashinfer_prefill', 'bounds': {'max_seq_len': (9544, None), 'num_seqs': (22, 181), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2652, 9544), 'num_seqs': (90, None), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9544, None), 'num_seqs': (181, None), 'total_seq_len': (14429, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 1), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (16.67, 16.67, 16.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (1, 21), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (16.62, 16.62, 16.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (21, 80), 'mean_seq_len': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (7.42, 8.94, 10.76), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 80), 'mean_seq_len': (5, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 915)}, 'workloads': 15, 'speedup': (7.51, 12.2, 16.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 80), 'mean_seq_len': (5, None), 'num_seqs': (13, None), 'total_seq_len': (None, 915)}, 'workloads': 8, 'speedup': (5.28, 8.08, 14.17), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4093, 4723), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ()},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4723, 9544), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (1.4, 1.44, 1.46), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (9544, 32576), 'mean_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (80, 4093)}, 'workloads': 72, 'speedup': (2.45, 5.38, 13.44), 'fallbacks': ()},
-    {'region': 10, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (32576, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (9544, 32576), 'mean_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.39, 1.45, 1.51), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 4723), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4723, 9544), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (1.5, 2.02, 2.5), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (None, 45), 'total_seq_len': (45, None)}, 'workloads': 2, 'speedup': (14.68, 14.84, 14.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 5), 'num_seqs': (45, None), 'total_seq_len': (45, None)}, 'workloads': 7, 'speedup': (5.2, 7.0, 9.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (21, 80), 'mean_seq_len': (None, 5), 'total_seq_len': (181, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, 80), 'mean_seq_len': (None, 5), 'total_seq_len': (362, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 80), 'mean_seq_len': (5, None), 'total_seq_len': (915, None)}, 'workloads': 11, 'speedup': (3.75, 5.68, 9.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (87, 122), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (7.25, 7.59, 7.94), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'max_seq_len': (122, 128), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (8.1, 8.1, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 1021), 'total_seq_len': (None, 286)}, 'workloads': 8, 'speedup': (4.32, 6.44, 9.68), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (18, 87), 'num_seqs': (None, 22), 'total_seq_len': (None, 915)}, 'workloads': 17, 'speedup': (7.51, 11.47, 16.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (18, 87), 'num_seqs': (22, None), 'total_seq_len': (None, 915)}, 'workloads': 3, 'speedup': (5.28, 6.17, 7.53), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (None, 18), 'num_seqs': (None, 5), 'total_seq_len': (None, 1074)}, 'workloads': 3, 'speedup': (15.99, 16.52, 17.14), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 18), 'num_seqs': (5, 45), 'total_seq_len': (None, 1074)}, 'workloads': 6, 'speedup': (6.92, 11.35, 14.99), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 18), 'num_seqs': (45, None), 'total_seq_len': (None, 1074)}, 'workloads': 9, 'speedup': (5.2, 7.02, 9.32), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
+    {'region': 9, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1021, 1123), 'num_seqs': (None, 5), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (3.77, 3.77, 3.77), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1021, 1123), 'num_seqs': (5, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 11, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (2047, 2081), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 12, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 45), 'total_seq_len': (None, 19164)}, 'workloads': 2, 'speedup': (1.54, 1.81, 2.12), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (4048, 5418), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 45), 'total_seq_len': (None, 19164)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 14, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (5418, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 45), 'total_seq_len': (None, 19164)}, 'workloads': 5, 'speedup': (1.39, 1.44, 1.51), 'fallbacks': ()},
+    {'region': 15, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (4048, 5418), 'mean_seq_len': (1448, None), 'num_seqs': (None, 45), 'total_seq_len': (None, 19164)}, 'workloads': 1, 'speedup': (1.47, 1.47, 1.47), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_chunked.v16', 'bounds': {'max_seq_len': (1859, 2047), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.5, 2.5, 2.5), 'fallbacks': ('triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1123, 1859)}, 'workloads': 6, 'speedup': (2.58, 3.56, 5.57), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2081, 4048)}, 'workloads': 2, 'speedup': (2.8, 3.15, 3.54), 'fallbacks': ('triton_prefill_chunked.v16', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1859, 2047), 'num_seqs': (11, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2047, 2081), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4048, None), 'num_seqs': (45, None)}, 'workloads': 2, 'speedup': (2.19, 2.42, 2.68), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'max_seq_len': (87, 128), 'num_seqs': (None, 5), 'total_seq_len': (181, 1448)}, 'workloads': 3, 'speedup': (7.62, 7.68, 7.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (87, 128), 'num_seqs': (5, None), 'total_seq_len': (181, 1448)}, 'workloads': 2, 'speedup': (6.64, 9.52, 13.66), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (128, 228), 'total_seq_len': (286, 2368)}, 'workloads': 4, 'speedup': (3.51, 4.09, 5.68), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (228, 1021), 'total_seq_len': (286, 2368)}, 'workloads': 27, 'speedup': (3.47, 5.24, 10.56), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (18, 45), 'total_seq_len': (915, 1074)}, 'workloads': 1, 'speedup': (6.32, 6.32, 6.32), 'fallbacks': ('cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 87), 'total_seq_len': (915, 1074)}, 'workloads': 1, 'speedup': (7.53, 7.53, 7.53), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 87), 'mean_seq_len': (None, 48), 'num_seqs': (None, 90), 'total_seq_len': (1074, None)}, 'workloads': 2, 'speedup': (4.63, 5.08, 5.56), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 87), 'mean_seq_len': (48, None), 'num_seqs': (None, 90), 'total_seq_len': (1074, None)}, 'workloads': 2, 'speedup': (4.59, 5.98, 7.79), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 30, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 51), 'mean_seq_len': (None, 11), 'num_seqs': (90, None), 'total_seq_len': (1074, None)}, 'workloads': 2, 'speedup': (3.67, 4.25, 4.91), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (51, 87), 'num_seqs': (90, None), 'total_seq_len': (1074, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 51), 'mean_seq_len': (11, None), 'num_seqs': (90, None), 'total_seq_len': (1074, None)}, 'workloads': 2, 'speedup': (2.92, 3.87, 5.13), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (87, 128), 'num_seqs': (None, 45), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (6.29, 6.29, 6.29), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (87, 128), 'num_seqs': (45, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (2.69, 3.09, 3.55), 'fallbacks': ('triton_prefill_fused.c16v64',)},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (128, 1021), 'total_seq_len': (2368, None)}, 'workloads': 9, 'speedup': (2.34, 3.57, 5.83), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1021, 1123), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.44, 2.44, 2.44), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1021, 1123), 'num_seqs': (11, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'flashinfer_pool_inplace')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2047, 2081), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (2.74, 2.74, 2.74), 'fallbacks': ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (4048, 6395), 'num_seqs': (None, 45), 'total_seq_len': (19164, None)}, 'workloads': 1, 'speedup': (1.88, 1.88, 1.88), 'fallbacks': ('flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 40, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (6395, None), 'num_seqs': (None, 45), 'total_seq_len': (19164, None)}, 'workloads': 2, 'speedup': (1.43, 1.44, 1.45), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -297,94 +349,97 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 5 < num_seqs <= 45 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k1c8', 'cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 5 < num_seqs <= 45 and 2 < max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 181 and num_seqs > 45 and max_seq_len <= 10:
+    if total_seq_len <= 181 and num_seqs > 45 and mean_seq_len <= 447 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 5 workloads, 1.89x (1.73x .. 2.12x) over sglang_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 16 and 597 < max_seq_len <= 933:
-        return ('triton_prefill_chunked.v16', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
-    # region 5: 2 workloads, 1.74x (1.55x .. 1.95x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 16 and 933 < max_seq_len <= 1486:
-        return ('triton_prefill_chunked.v16', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
-    # region 6: 2 workloads, 1.66x (1.66x .. 1.67x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 113 and mean_seq_len <= 90 and max_seq_len > 1486:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
-    # region 7: 1 workloads, 1.63x (1.63x .. 1.63x) over sglang_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652:
-        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'triton_prefill_chunked.v16'
-    # region 8: 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs > 45 and mean_seq_len > 90 and max_seq_len > 2652:
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and num_seqs <= 2 and 1486 < max_seq_len <= 2652:
         return 'flashinfer_pool_inplace'
-    # region 9: 1 workloads, 1.59x (1.59x .. 1.59x) over sglang_flashinfer_prefill
-    if total_seq_len <= 11585 and num_seqs > 181 and mean_seq_len <= 90 and max_seq_len > 1486:
+    # region 3: 3 workloads, 2.29x (2.04x .. 2.70x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2896 and mean_seq_len > 447 and max_seq_len <= 702:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 4 workloads, 1.77x (1.55x .. 1.95x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2896 and mean_seq_len > 447 and 702 < max_seq_len <= 1486:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
+    # region 5: 2 workloads, 1.51x (1.40x .. 1.63x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2896 and 2 < num_seqs <= 22 and 1486 < max_seq_len <= 2652:
+        return ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_chunked.v16'
+    # region 6: 2 workloads, 1.17x (1.17x .. 1.18x) over sglang_flashinfer_prefill
+    if total_seq_len <= 14429 and num_seqs <= 45 and 2652 < max_seq_len <= 4723:
+        return 'flashinfer_pool_inplace'
+    # region 7: 7 workloads, 1.13x (1.04x .. 1.21x) over sglang_flashinfer_prefill
+    if total_seq_len <= 14429 and num_seqs <= 80 and max_seq_len > 4723:
+        return 'flashinfer_pool_inplace'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 14429 and num_seqs > 45 and 2652 < max_seq_len <= 4723:
         return 'cuda_prefill_staged.r64s4'
-    # region 10: 2 workloads, 1.13x (1.04x .. 1.21x) over sglang_flashinfer_prefill
-    if total_seq_len <= 23170 and 11 < num_seqs <= 45 and mean_seq_len > 90 and max_seq_len > 2652:
-        return 'flashinfer_pool_inplace'
-    # region 11: 2 workloads, 13.07x (12.97x .. 13.18x) over sglang_flashinfer_prefill
-    if num_seqs <= 5 and max_seq_len <= 7:
+    # region 9: 1 workloads, 1.25x (1.25x .. 1.25x) over sglang_flashinfer_prefill
+    if total_seq_len <= 14429 and num_seqs > 80 and max_seq_len > 4723:
+        return 'cuda_prefill_staged.r64s4'
+    # region 10: 2 workloads, 13.07x (12.97x .. 13.18x) over sglang_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len <= 447 and max_seq_len <= 7:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k1c8', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 5 and 7 < max_seq_len <= 10:
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 5 and mean_seq_len <= 447 and 7 < max_seq_len <= 10:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 13 workloads, 1.16x (1.05x .. 1.30x) over sglang_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len > 90 and max_seq_len > 1486:
-        return 'flashinfer_pool_inplace'
-    # region 14: 13 workloads, 7.84x (5.25x .. 10.01x) over sglang_flashinfer_prefill
-    if num_seqs <= 16 and 10 < max_seq_len <= 44:
+    # region 12: 13 workloads, 7.84x (5.25x .. 10.01x) over sglang_flashinfer_prefill
+    if num_seqs <= 16 and mean_seq_len <= 447 and 10 < max_seq_len <= 44:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 42 workloads, 3.47x (1.82x .. 6.14x) over sglang_flashinfer_prefill
-    if num_seqs <= 16 and 44 < max_seq_len <= 597:
+    # region 13: 42 workloads, 3.60x (1.57x .. 6.14x) over sglang_flashinfer_prefill
+    if num_seqs <= 16 and mean_seq_len <= 447 and 44 < max_seq_len <= 1486:
         return 'cuda_prefill_staged.r64s4'
-    # region 16: 34 workloads, 2.02x (1.13x .. 3.05x) over sglang_flashinfer_prefill
-    if num_seqs > 16 and 10 < max_seq_len <= 1486:
-        return 'cuda_prefill_staged.r64s4'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 113 < num_seqs <= 181 and mean_seq_len <= 90 and 1486 < max_seq_len <= 3633:
-        return 'cuda_prefill_staged.r64s4'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 113 < num_seqs <= 181 and mean_seq_len <= 90 and max_seq_len > 3633:
-        return 'flashinfer_pool_inplace'
-    # region 19: 1 workloads, 12.28x (12.28x .. 12.28x) over sglang_flashinfer_prefill
-    if total_seq_len > 45 and 5 < num_seqs <= 45 and mean_seq_len <= 5 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 1 workloads, 4.96x (4.96x .. 4.96x) over sglang_flashinfer_prefill
-    if total_seq_len > 45 and 5 < num_seqs <= 45 and mean_seq_len > 5 and max_seq_len <= 10:
+    # region 14: 1 workloads, 12.28x (12.28x .. 12.28x) over sglang_flashinfer_prefill
+    if 5 < num_seqs <= 45 and mean_seq_len <= 5 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 15: 1 workloads, 4.96x (4.96x .. 4.96x) over sglang_flashinfer_prefill
+    if 5 < num_seqs <= 45 and 5 < mean_seq_len <= 447 and max_seq_len <= 10:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16') if inside else 'triton_prefill_fused.c16v64'
-    # region 21: 2 workloads, 3.54x (3.45x .. 3.63x) over sglang_flashinfer_prefill
-    if 181 < total_seq_len <= 400 and num_seqs > 45 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 1 workloads, 3.65x (3.65x .. 3.65x) over sglang_flashinfer_prefill
+    # region 16: 34 workloads, 2.13x (1.27x .. 3.13x) over sglang_flashinfer_prefill
+    if num_seqs > 16 and mean_seq_len <= 447 and 10 < max_seq_len <= 1486:
+        return 'cuda_prefill_staged.r64s4'
+    # region 17: 3 workloads, 1.48x (1.31x .. 1.78x) over sglang_flashinfer_prefill
+    if num_seqs > 22 and 1486 < max_seq_len <= 2652:
+        return 'cuda_prefill_staged.r64s4'
+    # region 18: 2 workloads, 3.54x (3.45x .. 3.63x) over sglang_flashinfer_prefill
+    if 181 < total_seq_len <= 400 and num_seqs > 45 and mean_seq_len <= 447 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 1 workloads, 3.65x (3.65x .. 3.65x) over sglang_flashinfer_prefill
     if total_seq_len > 400 and num_seqs > 45 and mean_seq_len <= 2 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 4 workloads, 3.50x (2.48x .. 6.87x) over sglang_flashinfer_prefill
-    if total_seq_len > 400 and num_seqs > 45 and mean_seq_len > 2 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 4 workloads, 3.59x (2.57x .. 7.02x) over sglang_flashinfer_prefill
+    if total_seq_len > 400 and num_seqs > 45 and 2 < mean_seq_len <= 447 and max_seq_len <= 10:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 2 workloads, 2.30x (1.99x .. 2.67x) over sglang_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 16 and 597 < max_seq_len <= 933:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 5792 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652:
-        return ('flashinfer_pool_inplace', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_pool_inplace'
-    # region 26: 1 workloads, 2.13x (2.13x .. 2.13x) over sglang_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 16 and 933 < max_seq_len <= 1486:
-        return 'cuda_prefill_staged.r64s4'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs <= 113 and mean_seq_len <= 90 and 1486 < max_seq_len <= 2081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 1 workloads, 1.08x (1.08x .. 1.08x) over sglang_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 113 and mean_seq_len <= 90 and max_seq_len > 2081:
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and mean_seq_len > 447 and max_seq_len <= 860:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and mean_seq_len > 447 and 860 < max_seq_len <= 993:
+        return ('flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 23: 1 workloads, 1.17x (1.17x .. 1.17x) over sglang_flashinfer_prefill
+    if 2896 < total_seq_len <= 11585 and mean_seq_len > 447 and 993 < max_seq_len <= 1486:
         return 'flashinfer_pool_inplace'
-    # region 29: 1 workloads, 1.38x (1.38x .. 1.38x) over sglang_flashinfer_prefill
-    if 5792 < total_seq_len <= 23170 and num_seqs > 11 and mean_seq_len > 90 and 1486 < max_seq_len <= 2652:
+    # region 24: 3 workloads, 1.23x (1.19x .. 1.30x) over sglang_flashinfer_prefill
+    if 2896 < total_seq_len <= 14429 and num_seqs <= 22 and 1486 < max_seq_len <= 2652:
+        return 'flashinfer_pool_inplace'
+    # region 25: 2 workloads, 3.45x (2.99x .. 3.97x) over sglang_flashinfer_prefill
+    if total_seq_len > 5792 and mean_seq_len > 447 and max_seq_len <= 993:
         return 'cuda_prefill_staged.r64s4'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and num_seqs > 181 and mean_seq_len <= 90 and 1486 < max_seq_len <= 7177:
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and mean_seq_len > 447 and 993 < max_seq_len <= 1486:
+        return 'cuda_prefill_staged.r64s4'
+    # region 27: 1 workloads, 1.06x (1.06x .. 1.06x) over sglang_flashinfer_prefill
+    if total_seq_len > 14429 and num_seqs <= 1 and max_seq_len > 23165:
+        return 'flashinfer_pool_inplace'
+    # region 28: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 14429 and num_seqs <= 22 and mean_seq_len <= 1448 and 1486 < max_seq_len <= 2652:
+        return 'flashinfer_pool_inplace'
+    # region 29: 3 workloads, 1.10x (1.05x .. 1.13x) over sglang_flashinfer_prefill
+    if total_seq_len > 14429 and num_seqs <= 22 and 2652 < max_seq_len <= 23165:
+        return 'flashinfer_pool_inplace'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 14429 and num_seqs > 90 and 2652 < max_seq_len <= 9544:
+        return 'cuda_prefill_staged.r64s4'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 14429 and num_seqs > 181 and max_seq_len > 9544:
         return 'cuda_prefill_staged.r64s4'
     return 'sglang_flashinfer_prefill'
 
@@ -392,58 +447,124 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 16.67x (16.67x .. 16.67x) over sglang_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len <= 5 and max_seq_len <= 1:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 1 workloads, 16.62x (16.62x .. 16.62x) over sglang_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len <= 5 and 1 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 8.94x (7.42x .. 10.76x) over sglang_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 5 and 21 < max_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 15 workloads, 12.20x (7.51x .. 16.82x) over sglang_flashinfer_prefill
-    if total_seq_len <= 915 and num_seqs <= 13 and mean_seq_len > 5 and max_seq_len <= 80:
+    # region 1: 2 workloads, 7.59x (7.25x .. 7.94x) over sglang_flashinfer_prefill
+    if total_seq_len <= 181 and 87 < max_seq_len <= 122:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 1 workloads, 8.10x (8.10x .. 8.10x) over sglang_flashinfer_prefill
+    if total_seq_len <= 181 and 122 < max_seq_len <= 128:
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k16c16'
+    # region 3: 8 workloads, 6.44x (4.32x .. 9.68x) over sglang_flashinfer_prefill
+    if total_seq_len <= 286 and 128 < max_seq_len <= 1021:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 17 workloads, 11.47x (7.51x .. 16.82x) over sglang_flashinfer_prefill
+    if total_seq_len <= 915 and num_seqs <= 22 and 18 < max_seq_len <= 87:
         return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 5: 8 workloads, 8.08x (5.28x .. 14.17x) over sglang_flashinfer_prefill
-    if total_seq_len <= 915 and num_seqs > 13 and mean_seq_len > 5 and max_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 1 workloads, 1.47x (1.47x .. 1.47x) over sglang_flashinfer_prefill
-    if num_seqs <= 5 and 4093 < max_seq_len <= 4723:
+    # region 5: 3 workloads, 6.17x (5.28x .. 7.53x) over sglang_flashinfer_prefill
+    if total_seq_len <= 915 and num_seqs > 22 and 18 < max_seq_len <= 87:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 3 workloads, 16.52x (15.99x .. 17.14x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1074 and num_seqs <= 5 and max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 7: 6 workloads, 11.35x (6.92x .. 14.99x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1074 and 5 < num_seqs <= 45 and max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 8: 9 workloads, 7.02x (5.20x .. 9.32x) over sglang_flashinfer_prefill
+    if total_seq_len <= 1074 and num_seqs > 45 and max_seq_len <= 18:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 9: 1 workloads, 3.77x (3.77x .. 3.77x) over sglang_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 5 and 1021 < max_seq_len <= 1123:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and num_seqs > 5 and 1021 < max_seq_len <= 1123:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and num_seqs <= 22 and 2047 < max_seq_len <= 2081:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 12: 2 workloads, 1.81x (1.54x .. 2.12x) over sglang_flashinfer_prefill
+    if total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len <= 724 and max_seq_len > 5418:
+        return ('triton_prefill_chunked.v16', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 13: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len <= 1448 and 4048 < max_seq_len <= 5418:
+        return ('triton_prefill_chunked.v16', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_chunked.v16'
+    # region 14: 5 workloads, 1.44x (1.39x .. 1.51x) over sglang_flashinfer_prefill
+    if total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len > 724 and max_seq_len > 5418:
         return 'flashinfer_pool_inplace'
-    # region 7: 5 workloads, 1.44x (1.40x .. 1.46x) over sglang_flashinfer_prefill
-    if num_seqs <= 11 and 4723 < max_seq_len <= 9544:
+    # region 15: 1 workloads, 1.47x (1.47x .. 1.47x) over sglang_flashinfer_prefill
+    if total_seq_len <= 19164 and num_seqs <= 45 and mean_seq_len > 1448 and 4048 < max_seq_len <= 5418:
         return 'flashinfer_pool_inplace'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if mean_seq_len <= 362 and 9544 < max_seq_len <= 32576:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 72 workloads, 5.38x (2.45x .. 13.44x) over sglang_flashinfer_prefill
-    if 80 < max_seq_len <= 4093:
-        return 'cuda_prefill_staged.r64s4'
-    # region 10: 1 workloads, 1.45x (1.45x .. 1.45x) over sglang_flashinfer_prefill
-    if max_seq_len > 32576:
-        return 'flashinfer_pool_inplace'
-    # region 11: 2 workloads, 1.45x (1.39x .. 1.51x) over sglang_flashinfer_prefill
-    if mean_seq_len > 362 and 9544 < max_seq_len <= 32576:
-        return 'flashinfer_pool_inplace'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 5 and 4093 < max_seq_len <= 4723:
+    # region 16: 1 workloads, 2.50x (2.50x .. 2.50x) over sglang_flashinfer_prefill
+    if num_seqs <= 11 and 1859 < max_seq_len <= 2047:
+        return ('triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_chunked.v16'
+    # region 17: 6 workloads, 3.56x (2.58x .. 5.57x) over sglang_flashinfer_prefill
+    if 1123 < max_seq_len <= 1859:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 2 workloads, 3.15x (2.80x .. 3.54x) over sglang_flashinfer_prefill
+    if 2081 < max_seq_len <= 4048:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 11 and 1859 < max_seq_len <= 2047:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 22 and 2047 < max_seq_len <= 2081:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 4 workloads, 2.02x (1.50x .. 2.50x) over sglang_flashinfer_prefill
-    if num_seqs > 11 and 4723 < max_seq_len <= 9544:
+    # region 21: 2 workloads, 2.42x (2.19x .. 2.68x) over sglang_flashinfer_prefill
+    if num_seqs > 45 and max_seq_len > 4048:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 2 workloads, 14.84x (14.68x .. 14.99x) over sglang_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs <= 45 and mean_seq_len <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 15: 7 workloads, 7.00x (5.20x .. 9.32x) over sglang_flashinfer_prefill
-    if total_seq_len > 45 and num_seqs > 45 and mean_seq_len <= 5 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 181 < total_seq_len <= 362 and mean_seq_len <= 5 and 21 < max_seq_len <= 80:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 362 and mean_seq_len <= 5 and 21 < max_seq_len <= 80:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 11 workloads, 5.68x (3.75x .. 9.09x) over sglang_flashinfer_prefill
-    if total_seq_len > 915 and mean_seq_len > 5 and max_seq_len <= 80:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 3 workloads, 7.68x (7.62x .. 7.76x) over sglang_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs <= 5 and 87 < max_seq_len <= 128:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 23: 2 workloads, 9.52x (6.64x .. 13.66x) over sglang_flashinfer_prefill
+    if 181 < total_seq_len <= 1448 and num_seqs > 5 and 87 < max_seq_len <= 128:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 4 workloads, 4.09x (3.51x .. 5.68x) over sglang_flashinfer_prefill
+    if 286 < total_seq_len <= 2368 and 128 < max_seq_len <= 228:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 27 workloads, 5.24x (3.47x .. 10.56x) over sglang_flashinfer_prefill
+    if 286 < total_seq_len <= 2368 and 228 < max_seq_len <= 1021:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 1 workloads, 6.32x (6.32x .. 6.32x) over sglang_flashinfer_prefill
+    if 915 < total_seq_len <= 1074 and 18 < max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 1 workloads, 7.53x (7.53x .. 7.53x) over sglang_flashinfer_prefill
+    if 915 < total_seq_len <= 1074 and 45 < max_seq_len <= 87:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, 5.08x (4.63x .. 5.56x) over sglang_flashinfer_prefill
+    if total_seq_len > 1074 and num_seqs <= 90 and mean_seq_len <= 48 and max_seq_len <= 87:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 2 workloads, 5.98x (4.59x .. 7.79x) over sglang_flashinfer_prefill
+    if total_seq_len > 1074 and num_seqs <= 90 and mean_seq_len > 48 and max_seq_len <= 87:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 2 workloads, 4.25x (3.67x .. 4.91x) over sglang_flashinfer_prefill
+    if total_seq_len > 1074 and num_seqs > 90 and mean_seq_len <= 11 and max_seq_len <= 51:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c16', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 31: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1074 and num_seqs > 90 and 51 < max_seq_len <= 87:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 32: 2 workloads, 3.87x (2.92x .. 5.13x) over sglang_flashinfer_prefill
+    if total_seq_len > 1074 and num_seqs > 90 and mean_seq_len > 11 and max_seq_len <= 51:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 33: 1 workloads, 6.29x (6.29x .. 6.29x) over sglang_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 45 and 87 < max_seq_len <= 128:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 2 workloads, 3.09x (2.69x .. 3.55x) over sglang_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 45 and 87 < max_seq_len <= 128:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 9 workloads, 3.57x (2.34x .. 5.83x) over sglang_flashinfer_prefill
+    if total_seq_len > 2368 and 128 < max_seq_len <= 1021:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 36: 1 workloads, 2.44x (2.44x .. 2.44x) over sglang_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 11 and 1021 < max_seq_len <= 1123:
+        return ('flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_direct'
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 11 and 1021 < max_seq_len <= 1123:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 38: 1 workloads, 2.74x (2.74x .. 2.74x) over sglang_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 22 and 2047 < max_seq_len <= 2081:
+        return ('flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'flashinfer_direct'
+    # region 39: 1 workloads, 1.88x (1.88x .. 1.88x) over sglang_flashinfer_prefill
+    if total_seq_len > 19164 and num_seqs <= 45 and 4048 < max_seq_len <= 6395:
+        return ('flashinfer_direct', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'flashinfer_direct'
+    # region 40: 2 workloads, 1.44x (1.43x .. 1.45x) over sglang_flashinfer_prefill
+    if total_seq_len > 19164 and num_seqs <= 45 and max_seq_len > 6395:
+        return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'

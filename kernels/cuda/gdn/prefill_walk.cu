@@ -398,88 +398,102 @@ __device__ __forceinline__ void walk(const Args& A) {
 #define AROW 136  // bf16 an A row in shared memory (128 + 8, ldmatrix conflict-free)
 #define BROW 136  // fp32 a B row (128 + 8: float2 reads conflict-free a half-warp)
 
-// Block: 16 W rows of one (sequence, value head); A_p (bf16, all rows, AROW apart) and the block's rows
-// of B_p (fp32, BROW apart) staged in shared memory a segment ahead, in two buffers.
+// Block: the 16 rows v0 .. v0 + 15 of one (sequence, value head), 4 warps each computing 32 of the 128
+// output columns (a warp's share of a step's products: 32 mma, not 128); A_p (bf16, AROW apart) and the
+// block's 16 rows of B_p (fp32, BROW apart) staged a segment ahead in two buffers; the warps exchange S_p
+// as bf16 rows in shared memory (SROW apart) every step, each keeping its own columns in fp32.
+#define SROW 136
+#define CHAIN_THREADS 128
 
-template <int W, typename CU, bool SLOTS>
+template <typename CU, bool SLOTS>
 __device__ __forceinline__ void chain(const Args& A) {
-    constexpr int ROWS = 16 * W, NVB = 128 / ROWS, THREADS = 32 * W;
-    constexpr u32 OFF_B = 128 * AROW * 2, STAGE = OFF_B + ROWS * BROW * 4;
+    constexpr u32 OFF_B = 128 * AROW * 2, STAGE = OFF_B + 16 * BROW * 4, OFF_S = 2 * STAGE;
     extern __shared__ __align__(128) unsigned char smem[];
     const u32 st0 = smem_addr(smem);
     const CU* cu = static_cast<const CU*>(A.cu);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int i_vb = blockIdx.x % NVB, i_h = (blockIdx.x / NVB) % A.hv;
-    const long long i_n = blockIdx.x / NVB / A.hv;
-    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, THREADS);
+    const int i_vb = blockIdx.x % 8, i_h = (blockIdx.x / 8) % A.hv;
+    const long long i_n = blockIdx.x / 8 / A.hv;
+    const Checked seq = check_sequence<CU, SLOTS>(A, cu, i_n, tid, CHAIN_THREADS);
     if (!(seq.ok && seq.live)) return;  // the walk zeroed the outputs and left the state
-    const int v0 = i_vb * ROWS, vr = lane >> 2, t0 = (lane & 3) * 2, row = v0 + warp * 16 + vr;
-    float* srow = A.state + seq.slot * A.s_slot + (long long)i_h * A.s_head + (long long)row * A.s_row;
-    float S[16][4];  // S_1 = B_0: where segment 0's walk left it
+    const int v0 = i_vb * 16, vr = lane >> 2, t0 = (lane & 3) * 2, c0 = warp * 32;
+    // this lane's fragments of the warp's columns: S[j], columns c0 + 8 j + t0 + {0, 1}, rows vr and vr + 8
+    float* srow = A.state + seq.slot * A.s_slot + (long long)i_h * A.s_head + (long long)(v0 + vr) * A.s_row + c0;
+    float S[4][4];  // S_1 = B_0: where segment 0's walk left it
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 4; ++j) {
         const float2 lo = *reinterpret_cast<const float2*>(srow + 8 * j + t0);
         const float2 hi = *reinterpret_cast<const float2*>(srow + 8 * A.s_row + 8 * j + t0);
         S[j][0] = lo.x; S[j][1] = lo.y; S[j][2] = hi.x; S[j][3] = hi.y;
     }
     auto base = [&](int p) { return (((i_n * (A.P - 1) + p - 1) * A.hv + i_h) * 128) * 128; };
-    // this thread's 16-byte chunks: A rows ar + i THREADS / 16 at column ac, B rows br0 + i THREADS / 32 at bc
-    const int ar = tid >> 4, ac = (tid & 15) * 8, br0 = tid >> 5, bc = (tid & 31) * 4;
+    // this thread's 16-byte chunks: A rows ar + 8 i at column ac; B row br at columns bc + 16 i ... (4 each)
+    const int ar = tid >> 4, ac = (tid & 15) * 8, br = tid >> 3, bc = (tid & 7) * 4;
     auto load = [&](u32 s, int p) {
         const bf16_t* ga = A.as + base(p) + ar * 128 + ac;
 #pragma unroll
-        for (int i = 0; i < 128 * 16 / THREADS; ++i)
-            cp_async16(s + ((ar + i * (THREADS / 16)) * AROW + ac) * 2, ga + i * (THREADS / 16) * 128, true);
-        const float* gb = A.bs + base(p) + (long long)(v0 + br0) * 128 + bc;
+        for (int i = 0; i < 16; ++i) cp_async16(s + ((ar + 8 * i) * AROW + ac) * 2, ga + 8 * i * 128, true);
+        const float* gb = A.bs + base(p) + (long long)(v0 + br) * 128 + bc;
 #pragma unroll
-        for (int i = 0; i < ROWS * 32 / THREADS; ++i)
-            cp_async16(s + OFF_B + ((br0 + i * (THREADS / 32)) * BROW + bc) * 4, gb + i * (THREADS / 32) * 128, true);
+        for (int i = 0; i < 4; ++i) cp_async16(s + OFF_B + (br * BROW + bc + 32 * i) * 4, gb + 32 * i, true);
+    };
+    auto share = [&]() {  // this warp's columns of S as bf16 rows, for every warp's A operand
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 at = st0 + OFF_S + (vr * SROW + c0 + 8 * j + t0) * 2;
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(pack_bf16(S[j][0], S[j][1])) : "memory");
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + 8 * SROW * 2), "r"(pack_bf16(S[j][2], S[j][3]))
+                         : "memory");
+        }
     };
     if (A.P > 1) load(st0, 1);
     cp_async_commit();
+    share();
     const int krow = (((lane >> 3) & 1) << 3) + (lane & 7), kcol = (lane >> 4) << 3;  // ldmatrix .trans rows
-    const u32 lm_a = (krow * AROW + kcol) * 2, lm_b = OFF_B + ((warp * 16 + vr) * BROW + t0) * 4;
+    const u32 lm_a = (krow * AROW + kcol + c0) * 2, lm_b = OFF_B + (vr * BROW + c0 + t0) * 4;
+    const u32 lm_s = OFF_S + ((lane & 15) * SROW + (lane >> 4) * 8) * 2;  // A-operand rows of S
     for (int p = 1; p < A.P; ++p) {
         const u32 s = st0 + ((p - 1) & 1) * STAGE;
         if (p + 1 < A.P) load(st0 + (p & 1) * STAGE, p + 1);
         cp_async_commit();
         cp_async_wait<1>();
-        __syncthreads();
+        __syncthreads();  // A_p and B_p landed; every warp's columns of S_p shared
         u32 a[8][4];
-        float acc[16][4];
-        float* prow = A.bs + base(p) + (long long)row * 128;  // S_p over B_p (now in shared memory)
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int kk = 0; kk < 8; ++kk) ldmatrix_x4(a[kk], st0 + lm_s + kk * 32);
+        float acc[4][4];
+        float* prow = A.bs + base(p) + (long long)(v0 + vr) * 128 + c0;  // S_p over B_p (now in shared memory)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
             const float2 lo = lds_f2(s + lm_b + 8 * j * 4), hi = lds_f2(s + lm_b + (8 * BROW + 8 * j) * 4);
             acc[j][0] = lo.x; acc[j][1] = lo.y; acc[j][2] = hi.x; acc[j][3] = hi.y;
-        }
-        store_rows(prow, 128, t0, S);
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-            a[kk][0] = pack_bf16(S[2 * kk][0], S[2 * kk][1]);
-            a[kk][1] = pack_bf16(S[2 * kk][2], S[2 * kk][3]);
-            a[kk][2] = pack_bf16(S[2 * kk + 1][0], S[2 * kk + 1][1]);
-            a[kk][3] = pack_bf16(S[2 * kk + 1][2], S[2 * kk + 1][3]);
+            *reinterpret_cast<float2*>(prow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
+            *reinterpret_cast<float2*>(prow + 8 * 128 + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
         }
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk)  // k-steps outermost: 16 independent accumulators between dependent mma
+        for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
-            for (int np = 0; np < 8; ++np) {
+            for (int np = 0; np < 2; ++np) {
                 u32 b[4];
                 ldmatrix_x4_trans(b, s + lm_a + (kk * 16 * AROW + np * 16) * 2);
                 mma_bf16(acc[2 * np], a[kk], b[0], b[1]);
                 mma_bf16(acc[2 * np + 1], a[kk], b[2], b[3]);
             }
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) S[j][c] = acc[j][c];
-        __syncthreads();  // every warp done with this buffer before it is refilled
+        __syncthreads();  // every warp done with this buffer and with the shared rows of S_p
+        share();
     }
-    store_rows(srow, A.s_row, t0, S);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(srow + 8 * j + t0) = make_float2(S[j][0], S[j][1]);
+        *reinterpret_cast<float2*>(srow + 8 * A.s_row + 8 * j + t0) = make_float2(S[j][2], S[j][3]);
+    }
 }
 
-#define FIX_BLOCKS 4  // 16-token blocks a correction block takes, all in flight at once
+#define FIX_BLOCKS 8  // 16-token blocks a correction block takes, all in flight at once
 
 // Block: 16 W value rows of one (sequence, segment past the first, value head) and up to FIX_BLOCKS of the
 // segment's 16-token blocks; S_p packed once as the A operand, o~ as the B operand (as the walk's K rows),
@@ -602,8 +616,8 @@ __device__ __forceinline__ void correct(const Args& A) {
     GDN_WALK_KERNEL(W, NST, pool, int, true, true, _cp)         \
     GDN_WALK_KERNEL(W, NST, contest, long long, false, true, _cp)
 #define GDN_CP_KERNELS(KIND, CU, SLOTS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(64) gdn_prefill_cp_chain_##KIND(GDN_KERNEL_PARAMS(CU)) { \
-        chain<2, CU, SLOTS>(GDN_KERNEL_ARGS);                                                             \
+    extern "C" __global__ void __launch_bounds__(CHAIN_THREADS) gdn_prefill_cp_chain_##KIND(GDN_KERNEL_PARAMS(CU)) { \
+        chain<CU, SLOTS>(GDN_KERNEL_ARGS);                                                                 \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(128) gdn_prefill_cp_correct_##KIND(GDN_KERNEL_PARAMS(CU)) { \
         correct<4, CU, SLOTS>(GDN_KERNEL_ARGS);                                                           \

@@ -58,8 +58,8 @@ LAUNCH_CONFIGS = {f"r{16 * w}s{n}": dict(cfg=(w, n)) for w, n in KERNELS}
 CP_SEGMENTS = (4, 8, 16)  # 32 never won on the H200 up to 32k tokens
 CP_CONFIGS = {f"p{n}": dict(segments=n) for n in CP_SEGMENTS}
 CP_WALK = (2, 4)
-CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 2, 4, 4
-CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * CHAIN_WARPS * 136 * 4)  # the .cu's chain: two stages
+CHAIN_WARPS, CORRECT_WARPS, CORRECT_BLOCKS = 4, 4, 8
+CHAIN_BYTES = 2 * (128 * 136 * 2 + 16 * 136 * 4) + 16 * 136 * 2  # the .cu's chain: two stages, S rows
 CORRECT_BYTES = CORRECT_BLOCKS * (16 * 136 * 2 + 16 * (16 * CORRECT_WARPS + 8) * 2)  # correct: a stage a block
 # Where CP is offered to the tuner (`supports`): few (sequence, value head) pairs, long batches. On the H200
 # (benchmarks/results/prefill-cp-H200.json) it won at up to 16 pairs from 1,024-2,048 tokens and lost at 32
@@ -152,8 +152,7 @@ def _walk(q, k, v, gates, state, slots, init, cu_seqlens, out, scale, *, raw_gat
           torch.empty(N, segments - 1, HV, DIM, DIM, dtype=torch.bfloat16, device=q.device))  # A
     kernel(warps, stages, pooled, cp=True).launch(N * segments * HV * 2 * (DIM // (16 * warps)), 32 * warps, *cp,
                                                   shmem=stages * stage_bytes(warps), stream=stream)
-    cp_kernel("chain", pooled).launch(N * HV * (DIM // (16 * CHAIN_WARPS)), 32 * CHAIN_WARPS, *cp,
-                                      shmem=CHAIN_BYTES, stream=stream)
+    cp_kernel("chain", pooled).launch(N * HV * (DIM // 16), 32 * CHAIN_WARPS, *cp, shmem=CHAIN_BYTES, stream=stream)
     chunks = correct_chunks(T, segments)
     cp_kernel("correct", pooled).launch(N * (segments - 1) * HV * chunks * (DIM // (16 * CORRECT_WARPS)),
                                         32 * CORRECT_WARPS, *cp, shmem=CORRECT_BYTES, stream=stream)
