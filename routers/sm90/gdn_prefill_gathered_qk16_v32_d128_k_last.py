@@ -6,86 +6,96 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T04:08:41Z
+# measured    up to 2026-12-01T05:52:31Z
 # workloads   141 (workload-set digest 49aafa92f9bbe224)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
 #   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  124/135  0.27x  [11 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  127/135  0.36x  [8 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  126/135  0.34x  [9 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  126/135  0.33x  [9 screened out]
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  62/135  0.61x  [73 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  73/135  0.70x  [62 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  71/135  0.69x  [64 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  71/135  0.64x  [64 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  141/141  1.07x
 #   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  141/141  1.14x
 #   flashinfer_direct               755eb6578bd0a1f3  141/141  1.12x
-#   triton_prefill_chunked.v64      2a710645e644b88e  136/141  0.49x  [5 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  135/141  0.57x  [6 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.68x  [4 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  78/141  0.57x  [63 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  107/141  0.65x  [34 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  126/141  0.73x  [15 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  137/141  0.74x  [4 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  139/141  0.84x  [2 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  141/141  1.12x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_pool_rows.k16c8    cfg=(16, 8, 8)
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r32s4       cfg=(2, 4)
 #   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   triton_prefill_staged.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_staged.c16v64    cfg=(16, 64, 4)
 #   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 2.62% mean, 38.43% max;
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.92% mean, 39.53% max;
 #             1.179x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.44% mean, 211.16% max;
-#             1.922x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 8.51% mean, 97.80% max;
+#             1.939x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 60 and num_seqs <= 2: triton_prefill_fused.c16v32, 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   1. total_seq_len <= 45 and num_seqs <= 2 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 150 and 2 < num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   3. total_seq_len <= 150 and num_seqs > 5: cuda_prefill_staged.r64s4, 14 workloads, 1.30x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-#   4. 60 < total_seq_len <= 265 and num_seqs <= 2: vllm_flashinfer_prefill.cp_off, 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   5. 150 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 22 workloads, 1.34x (1.08x .. 1.58x) over vllm_flashinfer_prefill
-#   6. 150 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   7. 265 < total_seq_len <= 1980 and num_seqs <= 3: flashinfer_direct, 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.41x (1.10x .. 1.54x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   10. total_seq_len > 1980 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
+#   3. total_seq_len <= 150 and num_seqs > 5: cuda_prefill_staged.r64s4, 14 workloads, 1.30x (1.13x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   4. total_seq_len <= 3054 and num_seqs <= 2 and mean_seq_len > 619: cuda_prefill_staged.r32s4, 3 workloads, 1.35x (1.06x .. 1.67x) over vllm_flashinfer_prefill
+#   5. 45 < total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 3 workloads, 3.22x (3.04x .. 3.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   6. 150 < total_seq_len <= 559 and num_seqs > 2 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 22 workloads, 1.34x (1.08x .. 1.58x) over vllm_flashinfer_prefill
+#   7. 150 < total_seq_len <= 559 and num_seqs > 2 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 11 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   8. total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619: cuda_prefill_staged.r32s4, 2 workloads, 2.38x (2.16x .. 2.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   9. total_seq_len > 181 and 1 < num_seqs <= 2 and mean_seq_len <= 619: vllm_flashinfer_prefill.cp_off, 6 workloads, 2.54x (1.93x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   10. total_seq_len > 559 and num_seqs > 2 and mean_seq_len <= 29: cuda_prefill_staged.r64s4, 12 workloads, 1.41x (1.10x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   11. total_seq_len > 559 and num_seqs > 2 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   12. total_seq_len > 3054 and num_seqs <= 2 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 77 and num_seqs <= 6 and mean_seq_len <= 1910: cuda_prefill_pool_rows.k8c8, 8 workloads, 5.31x (2.60x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 362 and 6 < num_seqs <= 8 and mean_seq_len > 6: flashinfer_direct, 7 workloads, 1.61x (1.54x .. 1.88x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 362 and num_seqs > 6 and mean_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 11 workloads, 2.49x (1.87x .. 3.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   4. total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 6 workloads, 2.47x (1.79x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. num_seqs <= 6 and 1910 < mean_seq_len <= 3273: flashinfer_direct, 4 workloads, 1.71x (1.42x .. 2.48x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. num_seqs <= 6 and mean_seq_len > 3273: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 77 and num_seqs <= 6 and mean_seq_len <= 1910: cuda_prefill_staged.r64s4, 31 workloads, 3.40x (1.56x .. 8.37x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. 362 < total_seq_len <= 7968 and num_seqs > 6: cuda_prefill_staged.r64s4, 51 workloads, 2.14x (1.47x .. 3.50x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 7968 and num_seqs > 6: flashinfer_direct, 19 workloads, 1.34x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.42x (2.26x .. 10.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len > 20: cuda_prefill_pool_rows.k8c8, 3 workloads, 9.49x (7.83x .. 12.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.02x (2.03x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   4. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len > 15: flashinfer_direct, 9 workloads, 1.60x (1.54x .. 1.87x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   5. 75 < total_seq_len <= 268 and num_seqs <= 1: cuda_prefill_staged.r64s4, 2 workloads, 6.13x (5.23x .. 7.18x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   6. 75 < total_seq_len <= 268 and 1 < num_seqs <= 5: triton_prefill_fused.c16v64, 10 workloads, 3.55x (1.53x .. 9.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
+#   7. 268 < total_seq_len <= 7968 and mean_seq_len <= 3273: cuda_prefill_staged.r64s4, 71 workloads, 2.40x (1.47x .. 6.48x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 268 and mean_seq_len > 3273: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 7968 and mean_seq_len <= 3273: flashinfer_direct, 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 60)}, 'workloads': 4, 'speedup': (4.83, 5.58, 6.43), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 2), 'total_seq_len': (None, 45)}, 'workloads': 4, 'speedup': (4.82, 5.54, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
     {'region': 2, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (None, 150)}, 'workloads': 6, 'speedup': (1.04, 1.06, 1.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (None, 150)}, 'workloads': 14, 'speedup': (1.13, 1.3, 1.53), 'fallbacks': ()},
-    {'region': 4, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (60, 265)}, 'workloads': 7, 'speedup': (2.48, 3.01, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (3, None), 'total_seq_len': (150, 559)}, 'workloads': 22, 'speedup': (1.08, 1.34, 1.58), 'fallbacks': ()},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (3, None), 'total_seq_len': (150, 559)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (265, 1980)}, 'workloads': 7, 'speedup': (1.05, 1.68, 2.35), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.1, 1.41, 1.54), 'fallbacks': ()},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (3, None), 'total_seq_len': (559, None)}, 'workloads': 53, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (1980, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (5, None), 'total_seq_len': (None, 150)}, 'workloads': 14, 'speedup': (1.13, 1.3, 1.53), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 3054)}, 'workloads': 3, 'speedup': (1.06, 1.35, 1.67), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 2), 'total_seq_len': (45, 181)}, 'workloads': 3, 'speedup': (3.04, 3.22, 3.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (2, None), 'total_seq_len': (150, 559)}, 'workloads': 22, 'speedup': (1.08, 1.34, 1.58), 'fallbacks': ()},
+    {'region': 7, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (150, 559)}, 'workloads': 11, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (None, 1), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (2.16, 2.38, 2.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 619), 'num_seqs': (1, 2), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (1.93, 2.54, 3.46), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 29), 'num_seqs': (2, None), 'total_seq_len': (559, None)}, 'workloads': 12, 'speedup': (1.1, 1.41, 1.54), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (29, None), 'num_seqs': (2, None), 'total_seq_len': (559, None)}, 'workloads': 53, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (619, None), 'num_seqs': (None, 2), 'total_seq_len': (3054, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 1910), 'num_seqs': (None, 6), 'total_seq_len': (None, 77)}, 'workloads': 8, 'speedup': (2.6, 5.31, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (6, 8), 'total_seq_len': (None, 362)}, 'workloads': 7, 'speedup': (1.54, 1.61, 1.88), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 6), 'num_seqs': (6, None), 'total_seq_len': (None, 362)}, 'workloads': 11, 'speedup': (1.87, 2.49, 3.82), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (8, None), 'total_seq_len': (None, 362)}, 'workloads': 6, 'speedup': (1.79, 2.47, 3.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (1910, 3273), 'num_seqs': (None, 6)}, 'workloads': 4, 'speedup': (1.42, 1.71, 2.48), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3273, None), 'num_seqs': (None, 6)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 1910), 'num_seqs': (None, 6), 'total_seq_len': (77, None)}, 'workloads': 31, 'speedup': (1.56, 3.4, 8.37), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (362, 7968)}, 'workloads': 51, 'speedup': (1.47, 2.14, 3.5), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (6, None), 'total_seq_len': (7968, None)}, 'workloads': 19, 'speedup': (1.12, 1.34, 1.62), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 20), 'num_seqs': (None, 5), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.26, 4.42, 10.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (7.83, 9.49, 12.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 15), 'num_seqs': (5, None), 'total_seq_len': (None, 268)}, 'workloads': 15, 'speedup': (2.03, 3.02, 6.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (15, None), 'num_seqs': (5, None), 'total_seq_len': (None, 268)}, 'workloads': 9, 'speedup': (1.54, 1.6, 1.87), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (75, 268)}, 'workloads': 2, 'speedup': (5.23, 6.13, 7.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (1, 5), 'total_seq_len': (75, 268)}, 'workloads': 10, 'speedup': (1.53, 3.55, 9.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 3273), 'total_seq_len': (268, 7968)}, 'workloads': 71, 'speedup': (1.47, 2.4, 6.48), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3273, None), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 3273), 'total_seq_len': (7968, None)}, 'workloads': 22, 'speedup': (1.12, 1.36, 1.62), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -94,68 +104,74 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 5.58x (4.83x .. 6.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 60 and num_seqs <= 2:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 1: 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 2 and mean_seq_len <= 619:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
     # region 2: 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill
     if total_seq_len <= 150 and 2 < num_seqs <= 5:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 3: 14 workloads, 1.30x (1.13x .. 1.53x) over vllm_flashinfer_prefill
     if total_seq_len <= 150 and num_seqs > 5:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 3 workloads, 1.35x (1.06x .. 1.67x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3054 and num_seqs <= 2 and mean_seq_len > 619:
+        return 'cuda_prefill_staged.r32s4'
+    # region 5: 3 workloads, 3.22x (3.04x .. 3.36x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 181 and num_seqs <= 2 and mean_seq_len <= 619:
+        return ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 22 workloads, 1.34x (1.08x .. 1.58x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 559 and num_seqs > 2 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 4: 7 workloads, 3.01x (2.48x .. 3.46x) over vllm_flashinfer_prefill
-    if 60 < total_seq_len <= 265 and num_seqs <= 2:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 5: 22 workloads, 1.34x (1.08x .. 1.58x) over vllm_flashinfer_prefill
-    if 150 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len <= 45:
-        return 'cuda_prefill_staged.r64s4'
-    # region 6: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if 150 < total_seq_len <= 559 and num_seqs > 3 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 7 workloads, 1.68x (1.05x .. 2.35x) over vllm_flashinfer_prefill
-    if 265 < total_seq_len <= 1980 and num_seqs <= 3:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 12 workloads, 1.41x (1.10x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 559 and num_seqs > 3 and mean_seq_len <= 29:
-        return 'cuda_prefill_staged.r64s4'
-    # region 9: 53 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 559 and num_seqs > 3 and mean_seq_len > 29:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1980 and num_seqs <= 3:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
+    # region 7: 11 workloads, the baseline; its stand-ins where it cannot run here
+    if 150 < total_seq_len <= 559 and num_seqs > 2 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 8: 2 workloads, 2.38x (2.16x .. 2.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 1 and mean_seq_len <= 619:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 6 workloads, 2.54x (1.93x .. 3.46x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and 1 < num_seqs <= 2 and mean_seq_len <= 619:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 10: 12 workloads, 1.41x (1.10x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 559 and num_seqs > 2 and mean_seq_len <= 29:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 53 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 559 and num_seqs > 2 and mean_seq_len > 29:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3054 and num_seqs <= 2 and mean_seq_len > 619:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 8 workloads, 5.31x (2.60x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 77 and num_seqs <= 6 and mean_seq_len <= 1910:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 7 workloads, 1.61x (1.54x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 6 < num_seqs <= 8 and mean_seq_len > 6:
+    # region 1: 5 workloads, 4.42x (2.26x .. 10.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 20:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 3 workloads, 9.49x (7.83x .. 12.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len > 20:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 15 workloads, 3.02x (2.03x .. 6.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 5 and mean_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 9 workloads, 1.60x (1.54x .. 1.87x) over vllm_flashinfer_prefill
+    if total_seq_len <= 268 and num_seqs > 5 and mean_seq_len > 15:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 3: 11 workloads, 2.49x (1.87x .. 3.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 6 and mean_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 6 workloads, 2.47x (1.79x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 8 and mean_seq_len > 6:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 4 workloads, 1.71x (1.42x .. 2.48x) over vllm_flashinfer_prefill
-    if num_seqs <= 6 and 1910 < mean_seq_len <= 3273:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 6 and mean_seq_len > 3273:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 31 workloads, 3.40x (1.56x .. 8.37x) over vllm_flashinfer_prefill
-    if total_seq_len > 77 and num_seqs <= 6 and mean_seq_len <= 1910:
+    # region 5: 2 workloads, 6.13x (5.23x .. 7.18x) over vllm_flashinfer_prefill
+    if 75 < total_seq_len <= 268 and num_seqs <= 1:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 10 workloads, 3.55x (1.53x .. 9.01x) over vllm_flashinfer_prefill
+    if 75 < total_seq_len <= 268 and 1 < num_seqs <= 5:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 71 workloads, 2.40x (1.47x .. 6.48x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 7968 and mean_seq_len <= 3273:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 51 workloads, 2.14x (1.47x .. 3.50x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 7968 and num_seqs > 6:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 19 workloads, 1.34x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and num_seqs > 6:
+    # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 268 and mean_seq_len > 3273:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and mean_seq_len <= 3273:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -165,127 +181,135 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 1.65% mean, 57.55% max;
-#             1.196x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.18% mean, 50.74% max;
-#             1.988x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 8.18% mean, 381.80% max;
+#             1.155x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 23.91% mean, 431.85% max;
+#             1.776x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and mean_seq_len > 4 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.37x (6.37x .. 6.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len > 4 and max_seq_len > 21: triton_prefill_fused.c16v32, 2 workloads, 4.86x (4.83x .. 4.88x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 58 and mean_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   4. total_seq_len <= 58 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len > 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
-#   5. 22 < total_seq_len <= 58 and mean_seq_len > 4 and max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8
-#   6. 58 < total_seq_len <= 90 and mean_seq_len <= 2 and max_seq_len > 24: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   7. 58 < total_seq_len <= 90 and 2 < mean_seq_len <= 5 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   8. 58 < total_seq_len <= 90 and 2 < mean_seq_len <= 5 and max_seq_len > 11: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.33x .. 1.34x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   9. 58 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len <= 29: triton_prefill_fused.c16v64, 2 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   10. 58 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 29: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.69x (1.04x .. 3.36x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. 58 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8
-#   12. 58 < total_seq_len <= 150 and mean_seq_len <= 2 and 11 < max_seq_len <= 24: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
-#   13. 58 < total_seq_len <= 150 and num_seqs > 5 and mean_seq_len > 5: cuda_prefill_staged.r64s4, 7 workloads, 1.23x (1.13x .. 1.31x) over vllm_flashinfer_prefill
-#   14. 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 24: cuda_prefill_staged.r64s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8
-#   15. 90 < total_seq_len <= 150 and 2 < mean_seq_len <= 5: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   16. 150 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8
-#   17. 150 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 17 < max_seq_len <= 628: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   18. total_seq_len > 150 and num_seqs <= 3 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 8 workloads, 2.27x (1.05x .. 3.46x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   19. total_seq_len > 150 and num_seqs <= 3 and 896 < max_seq_len <= 2314: flashinfer_direct, 3 workloads, 1.56x (1.27x .. 1.95x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   20. total_seq_len > 150 and num_seqs <= 3 and max_seq_len > 2314: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
-#   21. total_seq_len > 150 and 3 < num_seqs <= 4 and mean_seq_len > 2 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 150 and 3 < num_seqs <= 4 and mean_seq_len > 2 and 83 < max_seq_len <= 628: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   23. total_seq_len > 150 and num_seqs > 3 and mean_seq_len <= 22 and max_seq_len > 628: cuda_prefill_staged.r64s4, 3 workloads, 1.36x (1.10x .. 1.52x) over vllm_flashinfer_prefill
-#   24. total_seq_len > 150 and num_seqs > 3 and mean_seq_len > 22 and max_seq_len > 628: vllm_flashinfer_prefill (baseline), 27 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   25. total_seq_len > 150 and num_seqs > 4 and 2 < mean_seq_len <= 45 and max_seq_len <= 628: cuda_prefill_staged.r64s4, 34 workloads, 1.32x (1.08x .. 1.54x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 150 and num_seqs > 4 and mean_seq_len > 45 and max_seq_len <= 628: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   27. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
-#   28. total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 21 < max_seq_len <= 628: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8
+#   1. total_seq_len <= 22 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.31x (6.31x .. 6.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 41 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 21: triton_prefill_fused.c16v32, 2 workloads, 4.84x (4.82x .. 4.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 41 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v64
+#   4. total_seq_len <= 41 and num_seqs > 2 and mean_seq_len > 5 and max_seq_len > 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   5. 22 < total_seq_len <= 41 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8
+#   6. 41 < total_seq_len <= 90 and mean_seq_len <= 2 and max_seq_len > 11: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   7. 41 < total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   8. 41 < total_seq_len <= 90 and 2 < mean_seq_len <= 6 and max_seq_len > 11: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.33x .. 1.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   9. 41 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 29: triton_prefill_fused.c16v64, 2 workloads, 1.18x (1.07x .. 1.29x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   10. 41 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 29: vllm_flashinfer_prefill.cp_off, 7 workloads, 1.69x (1.04x .. 3.36x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   11. 41 < total_seq_len <= 150 and num_seqs > 5 and mean_seq_len > 6: cuda_prefill_staged.r64s4, 7 workloads, 1.23x (1.13x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   12. 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 21: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
+#   13. 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 21: cuda_prefill_staged.r64s4, 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64
+#   14. 90 < total_seq_len <= 150 and 2 < mean_seq_len <= 6: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   15. 150 < total_seq_len <= 3273 and num_seqs <= 1: cuda_prefill_staged.r32s4, 4 workloads, 1.78x (1.06x .. 2.62x) over vllm_flashinfer_prefill
+#   16. total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len <= 2314: flashinfer_direct, 8 workloads, 2.08x (1.05x .. 3.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len > 2314: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
+#   18. total_seq_len > 150 and 3 < num_seqs <= 4 and max_seq_len <= 83: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   19. total_seq_len > 150 and 3 < num_seqs <= 4 and 83 < max_seq_len <= 111: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   20. total_seq_len > 150 and 3 < num_seqs <= 4 and 111 < max_seq_len <= 254: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.05x (1.03x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   21. total_seq_len > 150 and 3 < num_seqs <= 4 and 254 < max_seq_len <= 628: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   22. total_seq_len > 150 and num_seqs > 3 and mean_seq_len <= 22 and max_seq_len > 628: cuda_prefill_staged.r64s4, 3 workloads, 1.36x (1.10x .. 1.52x) over vllm_flashinfer_prefill
+#   23. total_seq_len > 150 and num_seqs > 3 and mean_seq_len > 22 and max_seq_len > 628: vllm_flashinfer_prefill (baseline), 27 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   24. total_seq_len > 150 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   25. total_seq_len > 150 and num_seqs > 4 and mean_seq_len <= 2 and 17 < max_seq_len <= 628: cuda_prefill_staged.r64s4, 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   26. total_seq_len > 150 and num_seqs > 4 and 2 < mean_seq_len <= 45 and max_seq_len <= 628: cuda_prefill_staged.r64s4, 34 workloads, 1.32x (1.08x .. 1.54x) over vllm_flashinfer_prefill
+#   27. total_seq_len > 150 and num_seqs > 4 and mean_seq_len > 45 and max_seq_len <= 628: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   28. total_seq_len > 3273 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 58 and num_seqs <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k8c8, 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 58 and 10 < max_seq_len <= 71: cuda_prefill_pool_rows.k8c8, 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 58 and num_seqs > 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct
-#   4. total_seq_len <= 181 and num_seqs <= 11 and mean_seq_len <= 37 and max_seq_len > 71: cuda_prefill_staged.r64s4, 3 workloads, 1.83x (1.53x .. 2.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 3821 and mean_seq_len > 37 and max_seq_len > 71: cuda_prefill_staged.r64s4, 44 workloads, 2.87x (1.51x .. 8.37x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   6. total_seq_len <= 3821 and num_seqs > 11 and mean_seq_len <= 37 and max_seq_len > 71: cuda_prefill_staged.r64s4, 17 workloads, 2.16x (1.76x .. 3.45x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. 58 < total_seq_len <= 64 and num_seqs <= 11 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.85x (2.60x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. 58 < total_seq_len <= 64 and num_seqs <= 11 and 28 < max_seq_len <= 71: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.21x (2.91x .. 6.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 58 < total_seq_len <= 64 and num_seqs > 11 and max_seq_len <= 71: cuda_prefill_pool_rows.k4c8, 3 workloads, 2.82x (2.72x .. 2.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off
-#   10. 64 < total_seq_len <= 212 and num_seqs <= 11 and max_seq_len <= 35: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.61x (1.98x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 64 < total_seq_len <= 212 and num_seqs <= 11 and 35 < max_seq_len <= 71: cuda_prefill_staged.r64s4, 1 workloads, 3.87x (3.87x .. 3.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 64 < total_seq_len <= 212 and 11 < num_seqs <= 22 and max_seq_len <= 71: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.22x (3.11x .. 3.33x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 64 < total_seq_len <= 212 and num_seqs > 22 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.45x (2.35x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   14. 64 < total_seq_len <= 212 and num_seqs > 22 and 22 < max_seq_len <= 71: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 181 < total_seq_len <= 3821 and num_seqs <= 11 and mean_seq_len <= 37 and max_seq_len > 71: flashinfer_direct, 2 workloads, 1.57x (1.54x .. 1.59x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. 212 < total_seq_len <= 362 and max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.12x (2.04x .. 2.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len > 212 and 15 < max_seq_len <= 71: cuda_prefill_staged.r64s4, 17 workloads, 2.21x (1.47x .. 3.51x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   18. 362 < total_seq_len <= 559 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 362 < total_seq_len <= 559 and 5 < max_seq_len <= 15: cuda_prefill_staged.r64s4, 2 workloads, 2.31x (2.15x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct
-#   20. total_seq_len > 559 and max_seq_len <= 15: cuda_prefill_staged.r64s4, 4 workloads, 2.06x (1.87x .. 2.46x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. 3821 < total_seq_len <= 7968 and num_seqs <= 1 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 3821 < total_seq_len <= 7968 and num_seqs > 1 and max_seq_len > 71: cuda_prefill_staged.r64s4, 2 workloads, 1.97x (1.83x .. 2.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 7968 and mean_seq_len <= 90 and 71 < max_seq_len <= 963: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 7968 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378: flashinfer_direct, 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 7968 and mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
-#   26. total_seq_len > 7968 and 90 < mean_seq_len <= 5792 and 71 < max_seq_len <= 963: flashinfer_direct, 7 workloads, 1.34x (1.12x .. 1.54x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 71: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 41 and mean_seq_len > 4 and max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.11x (5.00x .. 12.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and mean_seq_len <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 10.41x (10.41x .. 10.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 45 and mean_seq_len <= 4 and 4 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 75 and num_seqs <= 22 and 63 < max_seq_len <= 91: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.83x (7.83x .. 7.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 212 and num_seqs > 22 and 63 < max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 451 and num_seqs <= 8 and 185 < max_seq_len <= 237: cuda_prefill_staged.r32s4, 4 workloads, 2.92x (1.43x .. 5.04x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 451 and num_seqs <= 8 and max_seq_len > 237: cuda_prefill_staged.r64s4, 3 workloads, 4.22x (3.21x .. 7.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   8. total_seq_len <= 3821 and num_seqs <= 2 and 91 < max_seq_len <= 185: triton_prefill_fused.c16v64, 2 workloads, 5.01x (4.39x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 3821 and 2 < num_seqs <= 5 and 91 < max_seq_len <= 185: cuda_prefill_staged.r64s4, 2 workloads, 2.87x (2.31x .. 3.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 3821 and 5 < num_seqs <= 22 and 91 < max_seq_len <= 124: triton_prefill_fused.c16v64, 3 workloads, 1.86x (1.47x .. 2.80x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 3821 and 5 < num_seqs <= 22 and 124 < max_seq_len <= 185: cuda_prefill_staged.r64s4, 4 workloads, 2.24x (1.51x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   12. total_seq_len <= 3821 and num_seqs > 8 and max_seq_len > 185: cuda_prefill_staged.r64s4, 19 workloads, 2.08x (1.59x .. 3.18x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   13. total_seq_len <= 3821 and num_seqs > 22 and 91 < max_seq_len <= 185: cuda_prefill_staged.r64s4, 2 workloads, 2.27x (1.76x .. 2.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct
+#   14. 41 < total_seq_len <= 212 and mean_seq_len > 4 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.59x (1.83x .. 6.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   15. 45 < total_seq_len <= 212 and mean_seq_len <= 4 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.72x (2.22x .. 3.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   16. 45 < total_seq_len <= 212 and mean_seq_len <= 4 and 25 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.94x (3.94x .. 3.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 75 < total_seq_len <= 212 and num_seqs <= 22 and 63 < max_seq_len <= 91: triton_prefill_fused.c16v64, 2 workloads, 3.79x (1.60x .. 9.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 212 < total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.18x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 212 < total_seq_len <= 559 and mean_seq_len <= 5 and 45 < max_seq_len <= 91: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   20. 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.78x (2.78x .. 2.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
+#   21. 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and 22 < max_seq_len <= 91: cuda_prefill_staged.r64s4, 1 workloads, 2.02x (2.02x .. 2.02x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 212 < total_seq_len <= 559 and mean_seq_len > 11 and max_seq_len <= 91: cuda_prefill_staged.r64s4, 9 workloads, 2.27x (1.47x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
+#   23. 451 < total_seq_len <= 3821 and num_seqs <= 8 and max_seq_len > 185: cuda_prefill_staged.r64s4, 23 workloads, 2.91x (1.72x .. 6.48x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   24. total_seq_len > 559 and max_seq_len <= 91: cuda_prefill_staged.r64s4, 13 workloads, 2.11x (1.60x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   25. 3821 < total_seq_len <= 7968 and num_seqs <= 1 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   26. 3821 < total_seq_len <= 7968 and num_seqs > 1 and max_seq_len > 91: cuda_prefill_staged.r64s4, 2 workloads, 1.97x (1.83x .. 2.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 7968 and mean_seq_len <= 90 and 91 < max_seq_len <= 963: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   28. total_seq_len > 7968 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378: flashinfer_direct, 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 7968 and mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
+#   30. total_seq_len > 7968 and 90 < mean_seq_len <= 5792 and 91 < max_seq_len <= 963: flashinfer_direct, 7 workloads, 1.34x (1.12x .. 1.54x) over vllm_flashinfer_prefill
+#   31. total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (4, None), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.37, 6.37, 6.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (4, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 58)}, 'workloads': 2, 'speedup': (4.83, 4.86, 4.88), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 4), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (4, None), 'num_seqs': (2, None), 'total_seq_len': (None, 58)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (4, None), 'total_seq_len': (22, 58)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (24, None), 'mean_seq_len': (None, 2), 'total_seq_len': (58, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 5), 'total_seq_len': (58, 90)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 5), 'total_seq_len': (58, 90)}, 'workloads': 2, 'speedup': (1.33, 1.33, 1.34), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (58, 150)}, 'workloads': 2, 'speedup': (1.08, 1.19, 1.3), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 5), 'total_seq_len': (58, 150)}, 'workloads': 7, 'speedup': (1.04, 1.69, 3.36), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'total_seq_len': (58, 150)}, 'workloads': 2, 'speedup': (1.6, 1.62, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, 24), 'mean_seq_len': (None, 2), 'total_seq_len': (58, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (5, None), 'total_seq_len': (58, 150)}, 'workloads': 7, 'speedup': (1.13, 1.23, 1.31), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (24, None), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 150)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 5), 'total_seq_len': (90, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (150, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 628), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (150, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'num_seqs': (None, 3), 'total_seq_len': (150, None)}, 'workloads': 8, 'speedup': (1.05, 2.27, 3.46), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 19, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (896, 2314), 'num_seqs': (None, 3), 'total_seq_len': (150, None)}, 'workloads': 3, 'speedup': (1.27, 1.56, 1.95), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, None), 'num_seqs': (None, 3), 'total_seq_len': (150, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'mean_seq_len': (2, None), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 628), 'mean_seq_len': (2, None), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (628, None), 'mean_seq_len': (None, 22), 'num_seqs': (3, None), 'total_seq_len': (150, None)}, 'workloads': 3, 'speedup': (1.1, 1.36, 1.52), 'fallbacks': ()},
-    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (628, None), 'mean_seq_len': (22, None), 'num_seqs': (3, None), 'total_seq_len': (150, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 628), 'mean_seq_len': (2, 45), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 34, 'speedup': (1.08, 1.32, 1.54), 'fallbacks': ()},
-    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 628), 'mean_seq_len': (45, None), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, 628), 'mean_seq_len': (None, 2), 'num_seqs': (3, None), 'total_seq_len': (362, None)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8')},
+    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.31, 6.31, 6.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (5, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 41)}, 'workloads': 2, 'speedup': (4.82, 4.84, 4.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (8.91, 8.91, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (5, None), 'num_seqs': (2, None), 'total_seq_len': (None, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'total_seq_len': (22, 41)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (None, 2), 'total_seq_len': (41, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 6), 'total_seq_len': (41, 90)}, 'workloads': 2, 'speedup': (1.33, 1.39, 1.45), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 6), 'total_seq_len': (41, 90)}, 'workloads': 2, 'speedup': (1.33, 1.33, 1.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 29), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (41, 150)}, 'workloads': 2, 'speedup': (1.07, 1.18, 1.29), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (29, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (41, 150)}, 'workloads': 7, 'speedup': (1.04, 1.69, 3.36), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (6, None), 'num_seqs': (5, None), 'total_seq_len': (41, 150)}, 'workloads': 7, 'speedup': (1.13, 1.23, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 150)}, 'workloads': 2, 'speedup': (1.6, 1.63, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (21, None), 'mean_seq_len': (None, 2), 'total_seq_len': (90, 150)}, 'workloads': 1, 'speedup': (1.53, 1.53, 1.53), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 6), 'total_seq_len': (90, 150)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (150, 3273)}, 'workloads': 4, 'speedup': (1.06, 1.78, 2.62), 'fallbacks': ()},
+    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 2314), 'num_seqs': (1, 3), 'total_seq_len': (150, None)}, 'workloads': 8, 'speedup': (1.05, 2.08, 3.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2314, None), 'num_seqs': (1, 3), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 83), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, 111), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 20, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (111, 254), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 2, 'speedup': (1.03, 1.05, 1.06), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (254, 628), 'num_seqs': (3, 4), 'total_seq_len': (150, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (628, None), 'mean_seq_len': (None, 22), 'num_seqs': (3, None), 'total_seq_len': (150, None)}, 'workloads': 3, 'speedup': (1.1, 1.36, 1.52), 'fallbacks': ()},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (628, None), 'mean_seq_len': (22, None), 'num_seqs': (3, None), 'total_seq_len': (150, None)}, 'workloads': 27, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 628), 'mean_seq_len': (None, 2), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 1, 'speedup': (1.58, 1.58, 1.58), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 628), 'mean_seq_len': (2, 45), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 34, 'speedup': (1.08, 1.32, 1.54), 'fallbacks': ()},
+    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 628), 'mean_seq_len': (45, None), 'num_seqs': (4, None), 'total_seq_len': (150, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3273, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (None, 2), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (9.0, 9.0, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (10, 71), 'total_seq_len': (None, 58)}, 'workloads': 3, 'speedup': (7.11, 7.91, 8.51), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'num_seqs': (2, None), 'total_seq_len': (None, 58)}, 'workloads': 1, 'speedup': (4.11, 4.11, 4.11), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 37), 'num_seqs': (None, 11), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.53, 1.83, 2.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (37, None), 'total_seq_len': (None, 3821)}, 'workloads': 44, 'speedup': (1.51, 2.87, 8.37), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 37), 'num_seqs': (11, None), 'total_seq_len': (None, 3821)}, 'workloads': 17, 'speedup': (1.76, 2.16, 3.45), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'num_seqs': (None, 11), 'total_seq_len': (58, 64)}, 'workloads': 2, 'speedup': (2.6, 2.85, 3.14), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (28, 71), 'num_seqs': (None, 11), 'total_seq_len': (58, 64)}, 'workloads': 2, 'speedup': (2.91, 4.21, 6.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 71), 'num_seqs': (11, None), 'total_seq_len': (58, 64)}, 'workloads': 3, 'speedup': (2.72, 2.82, 2.89), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 35), 'num_seqs': (None, 11), 'total_seq_len': (64, 212)}, 'workloads': 3, 'speedup': (1.98, 2.61, 3.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 71), 'num_seqs': (None, 11), 'total_seq_len': (64, 212)}, 'workloads': 1, 'speedup': (3.87, 3.87, 3.87), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 71), 'num_seqs': (11, 22), 'total_seq_len': (64, 212)}, 'workloads': 2, 'speedup': (3.11, 3.22, 3.33), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (22, None), 'total_seq_len': (64, 212)}, 'workloads': 3, 'speedup': (2.35, 2.45, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (22, 71), 'num_seqs': (22, None), 'total_seq_len': (64, 212)}, 'workloads': 1, 'speedup': (2.28, 2.28, 2.28), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (None, 37), 'num_seqs': (None, 11), 'total_seq_len': (181, 3821)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.59), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 15), 'total_seq_len': (212, 362)}, 'workloads': 2, 'speedup': (2.04, 2.12, 2.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (15, 71), 'total_seq_len': (212, None)}, 'workloads': 17, 'speedup': (1.47, 2.21, 3.51), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'total_seq_len': (362, 559)}, 'workloads': 1, 'speedup': (2.11, 2.11, 2.11), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5, 15), 'total_seq_len': (362, 559)}, 'workloads': 2, 'speedup': (2.15, 2.31, 2.48), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 15), 'total_seq_len': (559, None)}, 'workloads': 4, 'speedup': (1.87, 2.06, 2.46), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (71, None), 'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.83, 1.97, 2.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (71, 963), 'mean_seq_len': (None, 90), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (963, 16378), 'mean_seq_len': (None, 5792), 'total_seq_len': (7968, None)}, 'workloads': 13, 'speedup': (1.15, 1.39, 1.62), 'fallbacks': ()},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (None, 5792), 'total_seq_len': (7968, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (71, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (7968, None)}, 'workloads': 7, 'speedup': (1.12, 1.34, 1.54), 'fallbacks': ()},
-    {'region': 27, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (71, None), 'mean_seq_len': (5792, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (4, None), 'total_seq_len': (None, 41)}, 'workloads': 3, 'speedup': (5.0, 8.11, 12.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 4), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (10.41, 10.41, 10.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 63), 'mean_seq_len': (None, 4), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 91), 'num_seqs': (None, 22), 'total_seq_len': (None, 75)}, 'workloads': 1, 'speedup': (7.83, 7.83, 7.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 91), 'num_seqs': (22, None), 'total_seq_len': (None, 212)}, 'workloads': 1, 'speedup': (2.45, 2.45, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (185, 237), 'num_seqs': (None, 8), 'total_seq_len': (None, 451)}, 'workloads': 4, 'speedup': (1.43, 2.92, 5.04), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (237, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 451)}, 'workloads': 3, 'speedup': (3.21, 4.22, 7.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (91, 185), 'num_seqs': (None, 2), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (4.39, 5.01, 5.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 185), 'num_seqs': (2, 5), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (2.31, 2.87, 3.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (91, 124), 'num_seqs': (5, 22), 'total_seq_len': (None, 3821)}, 'workloads': 3, 'speedup': (1.47, 1.86, 2.8), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (124, 185), 'num_seqs': (5, 22), 'total_seq_len': (None, 3821)}, 'workloads': 4, 'speedup': (1.51, 2.24, 3.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (185, None), 'num_seqs': (8, None), 'total_seq_len': (None, 3821)}, 'workloads': 19, 'speedup': (1.59, 2.08, 3.18), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 185), 'num_seqs': (22, None), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (1.76, 2.27, 2.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (4, None), 'total_seq_len': (41, 212)}, 'workloads': 11, 'speedup': (1.83, 3.59, 6.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 4), 'total_seq_len': (45, 212)}, 'workloads': 4, 'speedup': (2.22, 2.72, 3.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (25, 63), 'mean_seq_len': (None, 4), 'total_seq_len': (45, 212)}, 'workloads': 1, 'speedup': (3.94, 3.94, 3.94), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 91), 'num_seqs': (None, 22), 'total_seq_len': (75, 212)}, 'workloads': 2, 'speedup': (1.6, 3.79, 9.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 5), 'total_seq_len': (212, 559)}, 'workloads': 4, 'speedup': (2.18, 2.27, 2.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 91), 'mean_seq_len': (None, 5), 'total_seq_len': (212, 559)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, 11), 'total_seq_len': (212, 559)}, 'workloads': 1, 'speedup': (2.78, 2.78, 2.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 91), 'mean_seq_len': (5, 11), 'total_seq_len': (212, 559)}, 'workloads': 1, 'speedup': (2.02, 2.02, 2.02), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 91), 'mean_seq_len': (11, None), 'total_seq_len': (212, 559)}, 'workloads': 9, 'speedup': (1.47, 2.27, 3.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (185, None), 'num_seqs': (None, 8), 'total_seq_len': (451, 3821)}, 'workloads': 23, 'speedup': (1.72, 2.91, 6.48), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 91), 'total_seq_len': (559, None)}, 'workloads': 13, 'speedup': (1.6, 2.11, 3.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, None), 'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.83, 1.97, 2.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 963), 'mean_seq_len': (None, 90), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (963, 16378), 'mean_seq_len': (None, 5792), 'total_seq_len': (7968, None)}, 'workloads': 13, 'speedup': (1.15, 1.39, 1.62), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (None, 5792), 'total_seq_len': (7968, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (91, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (7968, None)}, 'workloads': 7, 'speedup': (1.12, 1.34, 1.54), 'fallbacks': ()},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (5792, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -294,172 +318,184 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 6.37x (6.37x .. 6.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and mean_seq_len > 4 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 2 workloads, 4.86x (4.83x .. 4.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 2 and mean_seq_len > 4 and max_seq_len > 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 1: 1 workloads, 6.31x (6.31x .. 6.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 22 and mean_seq_len > 5 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 2: 2 workloads, 4.84x (4.82x .. 4.86x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 21:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 1 workloads, 8.91x (8.91x .. 8.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and mean_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 41 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 58 and num_seqs > 2 and mean_seq_len > 4 and max_seq_len > 21:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 5: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 58 and mean_seq_len > 4 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    if total_seq_len <= 41 and num_seqs > 2 and mean_seq_len > 5 and max_seq_len > 21:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < total_seq_len <= 41 and mean_seq_len > 5 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
     # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if 58 < total_seq_len <= 90 and mean_seq_len <= 2 and max_seq_len > 24:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 90 and 2 < mean_seq_len <= 5 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    if 41 < total_seq_len <= 90 and mean_seq_len <= 2 and max_seq_len > 11:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 7: 2 workloads, 1.39x (1.33x .. 1.45x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 90 and mean_seq_len <= 6 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 8: 2 workloads, 1.33x (1.33x .. 1.34x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 90 and 2 < mean_seq_len <= 5 and max_seq_len > 11:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, 1.19x (1.08x .. 1.30x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len <= 29:
+    if 41 < total_seq_len <= 90 and 2 < mean_seq_len <= 6 and max_seq_len > 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, 1.18x (1.07x .. 1.29x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 29:
         return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
     # region 10: 7 workloads, 1.69x (1.04x .. 3.36x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 5 and max_seq_len > 29:
+    if 41 < total_seq_len <= 150 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 29:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 11: 2 workloads, 1.62x (1.60x .. 1.64x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 0 workloads, by estimated times (no measured workload in it)
-    if 58 < total_seq_len <= 150 and mean_seq_len <= 2 and 11 < max_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 13: 7 workloads, 1.23x (1.13x .. 1.31x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 150 and num_seqs > 5 and mean_seq_len > 5:
-        return 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 24:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
-    if 90 < total_seq_len <= 150 and 2 < mean_seq_len <= 5:
-        return 'cuda_prefill_staged.r64s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 150 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if 150 < total_seq_len <= 362 and num_seqs > 3 and mean_seq_len <= 2 and 17 < max_seq_len <= 628:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 8 workloads, 2.27x (1.05x .. 3.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 150 and num_seqs <= 3 and max_seq_len <= 896:
-        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 19: 3 workloads, 1.56x (1.27x .. 1.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 150 and num_seqs <= 3 and 896 < max_seq_len <= 2314:
+    # region 11: 7 workloads, 1.23x (1.13x .. 1.31x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 150 and num_seqs > 5 and mean_seq_len > 6:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 2 workloads, 1.63x (1.60x .. 1.66x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 13: 1 workloads, 1.53x (1.53x .. 1.53x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 150 and mean_seq_len <= 2 and max_seq_len > 21:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    if 90 < total_seq_len <= 150 and 2 < mean_seq_len <= 6:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 4 workloads, 1.78x (1.06x .. 2.62x) over vllm_flashinfer_prefill
+    if 150 < total_seq_len <= 3273 and num_seqs <= 1:
+        return 'cuda_prefill_staged.r32s4'
+    # region 16: 8 workloads, 2.08x (1.05x .. 3.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len <= 2314:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 20: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 150 and num_seqs <= 3 and max_seq_len > 2314:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len > 150 and 3 < num_seqs <= 4 and mean_seq_len > 2 and max_seq_len <= 83:
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 150 and 1 < num_seqs <= 3 and max_seq_len > 2314:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 150 and 3 < num_seqs <= 4 and max_seq_len <= 83:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 22: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 150 and 3 < num_seqs <= 4 and mean_seq_len > 2 and 83 < max_seq_len <= 628:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 3 workloads, 1.36x (1.10x .. 1.52x) over vllm_flashinfer_prefill
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 150 and 3 < num_seqs <= 4 and 83 < max_seq_len <= 111:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 2 workloads, 1.05x (1.03x .. 1.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 150 and 3 < num_seqs <= 4 and 111 < max_seq_len <= 254:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
+    # region 21: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 150 and 3 < num_seqs <= 4 and 254 < max_seq_len <= 628:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 22: 3 workloads, 1.36x (1.10x .. 1.52x) over vllm_flashinfer_prefill
     if total_seq_len > 150 and num_seqs > 3 and mean_seq_len <= 22 and max_seq_len > 628:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 27 workloads, the baseline; its stand-ins where it cannot run here
+    # region 23: 27 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 150 and num_seqs > 3 and mean_seq_len > 22 and max_seq_len > 628:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 25: 34 workloads, 1.32x (1.08x .. 1.54x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 150 and num_seqs > 4 and mean_seq_len <= 2 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
+    if total_seq_len > 150 and num_seqs > 4 and mean_seq_len <= 2 and 17 < max_seq_len <= 628:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 34 workloads, 1.32x (1.08x .. 1.54x) over vllm_flashinfer_prefill
     if total_seq_len > 150 and num_seqs > 4 and 2 < mean_seq_len <= 45 and max_seq_len <= 628:
         return 'cuda_prefill_staged.r64s4'
-    # region 26: 21 workloads, the baseline; its stand-ins where it cannot run here
+    # region 27: 21 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 150 and num_seqs > 4 and mean_seq_len > 45 and max_seq_len <= 628:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 27: 2 workloads, 1.57x (1.54x .. 1.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 1 workloads, 1.58x (1.58x .. 1.58x) over vllm_flashinfer_prefill
-    if total_seq_len > 362 and num_seqs > 3 and mean_seq_len <= 2 and 21 < max_seq_len <= 628:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 28: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3273 and num_seqs <= 1:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 1 workloads, 9.00x (9.00x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs <= 2 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 7.91x (7.11x .. 8.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and 10 < max_seq_len <= 71:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 4.11x (4.11x .. 4.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 58 and num_seqs > 2 and max_seq_len <= 10:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 3 workloads, 1.83x (1.53x .. 2.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and num_seqs <= 11 and mean_seq_len <= 37 and max_seq_len > 71:
+    # region 1: 3 workloads, 8.11x (5.00x .. 12.53x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and mean_seq_len > 4 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 1 workloads, 10.41x (10.41x .. 10.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and mean_seq_len <= 4 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and mean_seq_len <= 4 and 4 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 4: 1 workloads, 7.83x (7.83x .. 7.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 22 and 63 < max_seq_len <= 91:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 212 and num_seqs > 22 and 63 < max_seq_len <= 91:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 6: 4 workloads, 2.92x (1.43x .. 5.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs <= 8 and 185 < max_seq_len <= 237:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 3 workloads, 4.22x (3.21x .. 7.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 451 and num_seqs <= 8 and max_seq_len > 237:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 2 workloads, 5.01x (4.39x .. 5.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and num_seqs <= 2 and 91 < max_seq_len <= 185:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 2 workloads, 2.87x (2.31x .. 3.57x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and 2 < num_seqs <= 5 and 91 < max_seq_len <= 185:
         return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 44 workloads, 2.87x (1.51x .. 8.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and mean_seq_len > 37 and max_seq_len > 71:
+    # region 10: 3 workloads, 1.86x (1.47x .. 2.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and 5 < num_seqs <= 22 and 91 < max_seq_len <= 124:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 11: 4 workloads, 2.24x (1.51x .. 3.45x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and 5 < num_seqs <= 22 and 124 < max_seq_len <= 185:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 19 workloads, 2.08x (1.59x .. 3.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and num_seqs > 8 and max_seq_len > 185:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 17 workloads, 2.16x (1.76x .. 3.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and num_seqs > 11 and mean_seq_len <= 37 and max_seq_len > 71:
+    # region 13: 2 workloads, 2.27x (1.76x .. 2.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and num_seqs > 22 and 91 < max_seq_len <= 185:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 11 workloads, 3.59x (1.83x .. 6.60x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 212 and mean_seq_len > 4 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 4 workloads, 2.72x (2.22x .. 3.21x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 212 and mean_seq_len <= 4 and max_seq_len <= 25:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 1 workloads, 3.94x (3.94x .. 3.94x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 212 and mean_seq_len <= 4 and 25 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 17: 2 workloads, 3.79x (1.60x .. 9.01x) over vllm_flashinfer_prefill
+    if 75 < total_seq_len <= 212 and num_seqs <= 22 and 63 < max_seq_len <= 91:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 18: 4 workloads, 2.27x (2.18x .. 2.36x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 0 workloads, by estimated times (no measured workload in it)
+    if 212 < total_seq_len <= 559 and mean_seq_len <= 5 and 45 < max_seq_len <= 91:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 1 workloads, 2.78x (2.78x .. 2.78x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and max_seq_len <= 22:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 21: 1 workloads, 2.02x (2.02x .. 2.02x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and 22 < max_seq_len <= 91:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 9 workloads, 2.27x (1.47x .. 3.51x) over vllm_flashinfer_prefill
+    if 212 < total_seq_len <= 559 and mean_seq_len > 11 and max_seq_len <= 91:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 23: 23 workloads, 2.91x (1.72x .. 6.48x) over vllm_flashinfer_prefill
+    if 451 < total_seq_len <= 3821 and num_seqs <= 8 and max_seq_len > 185:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 2.85x (2.60x .. 3.14x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 64 and num_seqs <= 11 and max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 4.21x (2.91x .. 6.10x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 64 and num_seqs <= 11 and 28 < max_seq_len <= 71:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 3 workloads, 2.82x (2.72x .. 2.89x) over vllm_flashinfer_prefill
-    if 58 < total_seq_len <= 64 and num_seqs > 11 and max_seq_len <= 71:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 10: 3 workloads, 2.61x (1.98x .. 3.41x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 212 and num_seqs <= 11 and max_seq_len <= 35:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 1 workloads, 3.87x (3.87x .. 3.87x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 212 and num_seqs <= 11 and 35 < max_seq_len <= 71:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 2 workloads, 3.22x (3.11x .. 3.33x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 212 and 11 < num_seqs <= 22 and max_seq_len <= 71:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 13: 3 workloads, 2.45x (2.35x .. 2.58x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 212 and num_seqs > 22 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 2.28x (2.28x .. 2.28x) over vllm_flashinfer_prefill
-    if 64 < total_seq_len <= 212 and num_seqs > 22 and 22 < max_seq_len <= 71:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 15: 2 workloads, 1.57x (1.54x .. 1.59x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3821 and num_seqs <= 11 and mean_seq_len <= 37 and max_seq_len > 71:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 2 workloads, 2.12x (2.04x .. 2.21x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 362 and max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 17: 17 workloads, 2.21x (1.47x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len > 212 and 15 < max_seq_len <= 71:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 2.11x (2.11x .. 2.11x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 559 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 2 workloads, 2.31x (2.15x .. 2.48x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 559 and 5 < max_seq_len <= 15:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 4 workloads, 2.06x (1.87x .. 2.46x) over vllm_flashinfer_prefill
-    if total_seq_len > 559 and max_seq_len <= 15:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 3821 < total_seq_len <= 7968 and num_seqs <= 1 and max_seq_len > 71:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 22: 2 workloads, 1.97x (1.83x .. 2.12x) over vllm_flashinfer_prefill
-    if 3821 < total_seq_len <= 7968 and num_seqs > 1 and max_seq_len > 71:
+    # region 24: 13 workloads, 2.11x (1.60x .. 3.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 559 and max_seq_len <= 91:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 3821 < total_seq_len <= 7968 and num_seqs <= 1 and max_seq_len > 91:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 26: 2 workloads, 1.97x (1.83x .. 2.12x) over vllm_flashinfer_prefill
+    if 3821 < total_seq_len <= 7968 and num_seqs > 1 and max_seq_len > 91:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and mean_seq_len <= 90 and 71 < max_seq_len <= 963:
+    # region 27: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and mean_seq_len <= 90 and 91 < max_seq_len <= 963:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+    # region 28: 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
     if total_seq_len > 7968 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378:
         return 'flashinfer_direct'
-    # region 26: 7 workloads, 1.34x (1.12x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and 90 < mean_seq_len <= 5792 and 71 < max_seq_len <= 963:
+    # region 30: 7 workloads, 1.34x (1.12x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 7968 and 90 < mean_seq_len <= 5792 and 91 < max_seq_len <= 963:
         return 'flashinfer_direct'
-    # region 27: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 71:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 91:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T04:01:27Z
+# measured    up to 2026-12-01T05:55:31Z
 # workloads   141 (workload-set digest 2fb88db0bbe44e34)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -14,15 +14,18 @@
 #   cuda_prefill_cp.p16             dffbd933664a25c8  19/19  0.97x
 #   cuda_prefill_cp.p4              647de52a3eb20d1c  19/19  1.09x
 #   cuda_prefill_cp.p8              f0718db216ee20b2  19/19  1.13x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  127/134  0.64x  [7 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  125/134  0.50x  [9 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  128/134  0.56x  [6 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  128/134  0.64x  [6 screened out]
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  96/134  0.99x  [38 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  82/134  1.00x  [52 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  89/134  0.99x  [45 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  95/134  1.02x  [39 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  138/141  1.73x  [3 screened out]
 #   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  137/141  1.72x  [4 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  138/141  1.70x  [3 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  137/141  0.98x  [4 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  138/141  1.04x  [3 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  1.04x  [4 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  113/141  1.03x  [28 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  125/141  1.22x  [16 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  125/141  1.24x  [16 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  138/141  1.32x  [3 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  138/141  1.26x  [3 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.64x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
@@ -32,82 +35,83 @@
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r32s4       cfg=(2, 4)
 #   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   triton_prefill_staged.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_staged.c16v64    cfg=(16, 64, 4)
 #   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 18.98% mean, 261.34% max;
-#             1.270x over the baseline; 5 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 25.67% mean, 454.81% max;
-#             2.930x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 20.50% mean, 261.34% max;
+#             1.257x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.17% mean, 134.34% max;
+#             3.549x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 245: triton_prefill_fused.c16v32, 14 workloads, 4.53x (1.05x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8
-#   2. total_seq_len <= 724 and num_seqs > 31 and 5 < mean_seq_len <= 245: flashinfer_direct, 6 workloads, 1.08x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 754 and num_seqs > 31 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 11 workloads, 1.26x (1.14x .. 1.42x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 1874 and 245 < mean_seq_len <= 596: cuda_prefill_staged.r64s4, 10 workloads, 1.71x (1.11x .. 2.55x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 9553 and num_seqs <= 2 and mean_seq_len > 596: cuda_prefill_cp.p8, 4 workloads, 1.29x (1.13x .. 1.39x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16
-#   6. total_seq_len <= 9553 and num_seqs > 2 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   7. 68 < total_seq_len <= 754 and num_seqs <= 31 and mean_seq_len <= 245: flashinfer_direct, 34 workloads, 3.13x (1.14x .. 5.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len > 754 and num_seqs <= 22 and 45 < mean_seq_len <= 245: cuda_prefill_staged.r64s4, 11 workloads, 2.63x (1.08x .. 4.50x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64
-#   9. total_seq_len > 754 and num_seqs <= 96 and mean_seq_len <= 45: vllm_flashinfer_prefill (baseline), 9 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   10. total_seq_len > 754 and num_seqs > 22 and 45 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   11. total_seq_len > 754 and num_seqs > 96 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 10 workloads, 1.22x (1.04x .. 1.40x) over vllm_flashinfer_prefill
-#   12. total_seq_len > 1874 and 245 < mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 12 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   13. total_seq_len > 9553 and mean_seq_len > 596: vllm_flashinfer_prefill (baseline), 4 workloads
+#   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 161: flashinfer_direct, 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 161: cuda_prefill_staged.r32s4, 20 workloads, 1.19x (1.05x .. 1.32x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 1874 and 161 < mean_seq_len <= 1448: cuda_prefill_staged.r32s4, 13 workloads, 1.87x (1.09x .. 3.05x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 10882 and mean_seq_len > 1448: cuda_prefill_cp.p8, 6 workloads, 1.17x (1.05x .. 1.39x) over vllm_flashinfer_prefill
+#   6. 21 < total_seq_len <= 181 and num_seqs <= 21 and mean_seq_len <= 161: triton_prefill_fused.c16v32, 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len > 181 and num_seqs <= 21 and mean_seq_len <= 84: flashinfer_direct, 19 workloads, 3.41x (1.53x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   8. total_seq_len > 181 and num_seqs <= 21 and 84 < mean_seq_len <= 161: cuda_prefill_staged.r32s4, 13 workloads, 2.43x (1.17x .. 4.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   9. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 10 workloads, 1.15x (1.03x .. 1.37x) over vllm_flashinfer_prefill
+#   10. total_seq_len > 1448 and num_seqs > 21 and 45 < mean_seq_len <= 161: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   11. total_seq_len > 1874 and 161 < mean_seq_len <= 1448: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   12. total_seq_len > 11585 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 158 and num_seqs <= 2: cuda_prefill_pool_rows.k8c8, 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 264 and 2 < num_seqs <= 8: cuda_prefill_pool_rows.k16c8, 18 workloads, 5.77x (2.65x .. 9.08x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 264 and num_seqs > 8: cuda_prefill_pool_rows.k8c8, 18 workloads, 4.69x (2.10x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. 158 < total_seq_len <= 264 and num_seqs <= 2: cuda_prefill_staged.r64s4, 5 workloads, 5.94x (5.19x .. 7.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. 264 < total_seq_len <= 3465 and num_seqs <= 21 and mean_seq_len <= 53: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.02x (2.32x .. 5.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. 264 < total_seq_len <= 3465 and 53 < mean_seq_len <= 906: cuda_prefill_staged.r64s4, 35 workloads, 4.96x (2.05x .. 8.64x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   7. 264 < total_seq_len <= 3465 and mean_seq_len > 906: cuda_prefill_cp.p4, 2 workloads, 4.33x (4.21x .. 4.46x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   8. 264 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 53: cuda_prefill_staged.r64s4, 25 workloads, 2.33x (1.30x .. 4.69x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792: cuda_prefill_cp.p8, 4 workloads, 3.27x (2.20x .. 4.01x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   10. total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
-#   11. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   12. total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   13. total_seq_len > 3465 and num_seqs > 5 and mean_seq_len > 596: cuda_prefill_staged.r64s4, 4 workloads, 3.61x (2.44x .. 4.86x) over vllm_flashinfer_prefill
-#   14. total_seq_len > 3465 and num_seqs > 35 and mean_seq_len <= 596: cuda_prefill_staged.r64s4, 11 workloads, 2.09x (1.15x .. 3.31x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   1. total_seq_len <= 374 and num_seqs <= 12 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 23 workloads, 7.25x (2.61x .. 16.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 374 and 90 < mean_seq_len <= 183: triton_prefill_fused.c16v32, 4 workloads, 7.31x (6.73x .. 7.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 374 and 183 < mean_seq_len <= 419: cuda_prefill_staged.r64s4, 2 workloads, 6.00x (5.46x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 374 and num_seqs > 12 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 18 workloads, 5.91x (2.42x .. 14.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. num_seqs <= 1 and 419 < mean_seq_len <= 1448: cuda_prefill_staged.r32s4, 2 workloads, 4.54x (4.28x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. 1448 < mean_seq_len <= 5792: cuda_prefill_cp.p8, 5 workloads, 3.49x (2.20x .. 4.52x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   7. 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
+#   8. mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   9. 1 < num_seqs <= 11 and 419 < mean_seq_len <= 1448: cuda_prefill_staged.r64s4, 9 workloads, 4.67x (2.44x .. 7.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   10. num_seqs > 11 and 419 < mean_seq_len <= 1448: cuda_prefill_staged.r32s4, 4 workloads, 2.34x (1.59x .. 3.84x) over vllm_flashinfer_prefill
+#   11. 374 < total_seq_len <= 817 and num_seqs <= 35 and mean_seq_len <= 419: triton_prefill_fused.c16v32, 13 workloads, 4.69x (2.11x .. 9.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len > 374 and num_seqs > 35 and mean_seq_len <= 3: cuda_prefill_staged.r32s4, 4 workloads, 2.10x (1.91x .. 2.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   13. total_seq_len > 374 and num_seqs > 35 and 3 < mean_seq_len <= 419: cuda_prefill_staged.r64s4, 26 workloads, 2.26x (1.15x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. total_seq_len > 817 and num_seqs <= 35 and mean_seq_len <= 419: cuda_prefill_staged.r64s4, 27 workloads, 4.17x (1.49x .. 8.64x) over vllm_flashinfer_prefill; then flashinfer_direct
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 31), 'total_seq_len': (None, 68)}, 'workloads': 14, 'speedup': (1.05, 4.53, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, 245), 'num_seqs': (31, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.06, 1.08, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (31, None), 'total_seq_len': (None, 754)}, 'workloads': 11, 'speedup': (1.14, 1.26, 1.42), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (None, 1874)}, 'workloads': 10, 'speedup': (1.11, 1.71, 2.55), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 9553)}, 'workloads': 4, 'speedup': (1.13, 1.29, 1.39), 'fallbacks': ('cuda_prefill_cp.p16',)},
-    {'region': 6, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (2, None), 'total_seq_len': (None, 9553)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 31), 'total_seq_len': (68, 754)}, 'workloads': 34, 'speedup': (1.14, 3.13, 5.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (45, 245), 'num_seqs': (None, 22), 'total_seq_len': (754, None)}, 'workloads': 11, 'speedup': (1.08, 2.63, 4.5), 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 96), 'total_seq_len': (754, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 245), 'num_seqs': (22, None), 'total_seq_len': (754, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (96, None), 'total_seq_len': (754, None)}, 'workloads': 10, 'speedup': (1.04, 1.22, 1.4), 'fallbacks': ()},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 596), 'total_seq_len': (1874, None)}, 'workloads': 12, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (596, None), 'total_seq_len': (9553, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (None, 21), 'total_seq_len': (None, 21)}, 'workloads': 4, 'speedup': (5.32, 7.53, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (21, 34), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (34, None), 'total_seq_len': (None, 1448)}, 'workloads': 20, 'speedup': (1.05, 1.19, 1.32), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (161, 1448), 'total_seq_len': (None, 1874)}, 'workloads': 13, 'speedup': (1.09, 1.87, 3.05), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (None, 10882)}, 'workloads': 6, 'speedup': (1.05, 1.17, 1.39), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (None, 21), 'total_seq_len': (21, 181)}, 'workloads': 19, 'speedup': (1.87, 4.19, 7.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 84), 'num_seqs': (None, 21), 'total_seq_len': (181, None)}, 'workloads': 19, 'speedup': (1.53, 3.41, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (84, 161), 'num_seqs': (None, 21), 'total_seq_len': (181, None)}, 'workloads': 13, 'speedup': (1.17, 2.43, 4.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.03, 1.15, 1.37), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 161), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (161, 1448), 'total_seq_len': (1874, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (None, 158)}, 'workloads': 5, 'speedup': (5.33, 7.56, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (2, 8), 'total_seq_len': (None, 264)}, 'workloads': 18, 'speedup': (2.65, 5.77, 9.08), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (8, None), 'total_seq_len': (None, 264)}, 'workloads': 18, 'speedup': (2.1, 4.69, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (158, 264)}, 'workloads': 5, 'speedup': (5.19, 5.94, 7.41), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (None, 21), 'total_seq_len': (264, 3465)}, 'workloads': 4, 'speedup': (2.32, 4.02, 5.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (53, 906), 'total_seq_len': (264, 3465)}, 'workloads': 35, 'speedup': (2.05, 4.96, 8.64), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (906, None), 'total_seq_len': (264, 3465)}, 'workloads': 2, 'speedup': (4.21, 4.33, 4.46), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 53), 'num_seqs': (21, None), 'total_seq_len': (264, 3465)}, 'workloads': 25, 'speedup': (1.3, 2.33, 4.69), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (2.2, 3.27, 4.01), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 10, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (2.26, 2.28, 2.31), 'fallbacks': ()},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (5, 35), 'total_seq_len': (3465, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (5, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (2.44, 3.61, 4.86), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (35, None), 'total_seq_len': (3465, None)}, 'workloads': 11, 'speedup': (1.15, 2.09, 3.31), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 12), 'total_seq_len': (None, 374)}, 'workloads': 23, 'speedup': (2.61, 7.25, 16.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 183), 'total_seq_len': (None, 374)}, 'workloads': 4, 'speedup': (6.73, 7.31, 7.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (183, 419), 'total_seq_len': (None, 374)}, 'workloads': 2, 'speedup': (5.46, 6.0, 6.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (12, None), 'total_seq_len': (None, 374)}, 'workloads': 18, 'speedup': (2.42, 5.91, 14.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (4.28, 4.54, 4.81), 'fallbacks': ('triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1448, 5792)}, 'workloads': 5, 'speedup': (2.2, 3.49, 4.52), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608)}, 'workloads': 2, 'speedup': (2.26, 2.28, 2.31), 'fallbacks': ()},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (1, 11)}, 'workloads': 9, 'speedup': (2.44, 4.67, 7.08), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (1.59, 2.34, 3.84), 'fallbacks': ()},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 35), 'total_seq_len': (374, 817)}, 'workloads': 13, 'speedup': (2.11, 4.69, 9.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (35, None), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (1.91, 2.1, 2.65), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 419), 'num_seqs': (35, None), 'total_seq_len': (374, None)}, 'workloads': 26, 'speedup': (1.15, 2.26, 3.99), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 35), 'total_seq_len': (817, None)}, 'workloads': 27, 'speedup': (1.49, 4.17, 8.64), 'fallbacks': ('flashinfer_direct',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -116,89 +120,89 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 14 workloads, 4.53x (1.05x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 68 and num_seqs <= 31 and mean_seq_len <= 245:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 2: 6 workloads, 1.08x (1.06x .. 1.11x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 31 and 5 < mean_seq_len <= 245:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 3: 11 workloads, 1.26x (1.14x .. 1.42x) over vllm_flashinfer_prefill
-    if total_seq_len <= 754 and num_seqs > 31 and mean_seq_len <= 5:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 10 workloads, 1.71x (1.11x .. 2.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and 245 < mean_seq_len <= 596:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 4 workloads, 1.29x (1.13x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 9553 and num_seqs <= 2 and mean_seq_len > 596:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 6: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 9553 and num_seqs > 2 and mean_seq_len > 596:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 7: 34 workloads, 3.13x (1.14x .. 5.70x) over vllm_flashinfer_prefill
-    if 68 < total_seq_len <= 754 and num_seqs <= 31 and mean_seq_len <= 245:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 11 workloads, 2.63x (1.08x .. 4.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 754 and num_seqs <= 22 and 45 < mean_seq_len <= 245:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 9 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 754 and num_seqs <= 96 and mean_seq_len <= 45:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 10 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 754 and num_seqs > 22 and 45 < mean_seq_len <= 245:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 10 workloads, 1.22x (1.04x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 754 and num_seqs > 96 and mean_seq_len <= 45:
+    # region 1: 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 161:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 161:
+        return 'flashinfer_direct'
+    # region 3: 20 workloads, 1.19x (1.05x .. 1.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 161:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 13 workloads, 1.87x (1.09x .. 3.05x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and 161 < mean_seq_len <= 1448:
+        return 'cuda_prefill_staged.r32s4'
+    # region 5: 6 workloads, 1.17x (1.05x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 10882 and mean_seq_len > 1448:
+        return 'cuda_prefill_cp.p8'
+    # region 6: 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill
+    if 21 < total_seq_len <= 181 and num_seqs <= 21 and mean_seq_len <= 161:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 19 workloads, 3.41x (1.53x .. 5.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 21 and mean_seq_len <= 84:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 8: 13 workloads, 2.43x (1.17x .. 4.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 21 and 84 < mean_seq_len <= 161:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 10 workloads, 1.15x (1.03x .. 1.37x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 12: 12 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1874 and 245 < mean_seq_len <= 596:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 8 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 21 and 45 < mean_seq_len <= 161:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 18 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and 161 < mean_seq_len <= 1448:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and mean_seq_len > 1448:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 7.56x (5.33x .. 9.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and num_seqs <= 2:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 18 workloads, 5.77x (2.65x .. 9.08x) over vllm_flashinfer_prefill
-    if total_seq_len <= 264 and 2 < num_seqs <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 18 workloads, 4.69x (2.10x .. 9.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 264 and num_seqs > 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 5 workloads, 5.94x (5.19x .. 7.41x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 264 and num_seqs <= 2:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 4 workloads, 4.02x (2.32x .. 5.88x) over vllm_flashinfer_prefill
-    if 264 < total_seq_len <= 3465 and num_seqs <= 21 and mean_seq_len <= 53:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 35 workloads, 4.96x (2.05x .. 8.64x) over vllm_flashinfer_prefill
-    if 264 < total_seq_len <= 3465 and 53 < mean_seq_len <= 906:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 4.33x (4.21x .. 4.46x) over vllm_flashinfer_prefill
-    if 264 < total_seq_len <= 3465 and mean_seq_len > 906:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
-    # region 8: 25 workloads, 2.33x (1.30x .. 4.69x) over vllm_flashinfer_prefill
-    if 264 < total_seq_len <= 3465 and num_seqs > 21 and mean_seq_len <= 53:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 4 workloads, 3.27x (2.20x .. 4.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792:
+    # region 1: 23 workloads, 7.25x (2.61x .. 16.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 12 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 4 workloads, 7.31x (6.73x .. 7.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 90 < mean_seq_len <= 183:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 2 workloads, 6.00x (5.46x .. 6.60x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and 183 < mean_seq_len <= 419:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 4: 18 workloads, 5.91x (2.42x .. 14.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs > 12 and mean_seq_len <= 90:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 4.54x (4.28x .. 4.81x) over vllm_flashinfer_prefill
+    if num_seqs <= 1 and 419 < mean_seq_len <= 1448:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 5 workloads, 3.49x (2.20x .. 4.52x) over vllm_flashinfer_prefill
+    if 1448 < mean_seq_len <= 5792:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 10: 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608:
+    # region 7: 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
+    if 5792 < mean_seq_len <= 11608:
         return 'cuda_prefill_cp.p16'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608:
+    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if mean_seq_len > 11608:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 4 workloads, 3.61x (2.44x .. 4.86x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 5 and mean_seq_len > 596:
-        return 'cuda_prefill_staged.r64s4'
-    # region 14: 11 workloads, 2.09x (1.15x .. 3.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 3465 and num_seqs > 35 and mean_seq_len <= 596:
+    # region 9: 9 workloads, 4.67x (2.44x .. 7.08x) over vllm_flashinfer_prefill
+    if 1 < num_seqs <= 11 and 419 < mean_seq_len <= 1448:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 4 workloads, 2.34x (1.59x .. 3.84x) over vllm_flashinfer_prefill
+    if num_seqs > 11 and 419 < mean_seq_len <= 1448:
+        return 'cuda_prefill_staged.r32s4'
+    # region 11: 13 workloads, 4.69x (2.11x .. 9.62x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 817 and num_seqs <= 35 and mean_seq_len <= 419:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 4 workloads, 2.10x (1.91x .. 2.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and num_seqs > 35 and mean_seq_len <= 3:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 13: 26 workloads, 2.26x (1.15x .. 3.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 374 and num_seqs > 35 and 3 < mean_seq_len <= 419:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 27 workloads, 4.17x (1.49x .. 8.64x) over vllm_flashinfer_prefill
+    if total_seq_len > 817 and num_seqs <= 35 and mean_seq_len <= 419:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
@@ -208,207 +212,229 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.82% mean, 72.40% max;
-#             1.366x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.15% mean, 260.06% max;
-#             3.105x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 6.47% mean, 72.40% max;
+#             1.392x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.44% mean, 260.06% max;
+#             3.231x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   3. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54: triton_prefill_fused.c16v32, 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   4. total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54: flashinfer_direct, 2 workloads, 3.31x (3.12x .. 3.51x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   5. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.55x (7.79x .. 9.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 41: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   7. total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 41: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   8. total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   9. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and 12 < max_seq_len <= 18: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 30: triton_prefill_fused.c16v32, 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 30: flashinfer_direct, 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
-#   13. total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. total_seq_len <= 724 and num_seqs > 181 and max_seq_len > 191: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 1448 and 51 < num_seqs <= 90 and 191 < max_seq_len <= 444: cuda_prefill_staged.r64s4, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. total_seq_len <= 1448 and 51 < num_seqs <= 90 and 444 < max_seq_len <= 450: flashinfer_direct, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   17. total_seq_len <= 1448 and 51 < num_seqs <= 90 and 450 < max_seq_len <= 896: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. total_seq_len <= 1448 and 51 < num_seqs <= 90 and max_seq_len > 896: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.38x (1.23x .. 1.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 191: cuda_prefill_staged.r64s4, 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.65x (1.53x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
-#   22. total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and 10 < max_seq_len <= 191: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-#   23. total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 191: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   24. total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 191: cuda_prefill_staged.r64s4, 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
-#   25. 22 < total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   26. 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 711: cuda_prefill_cp.p4, 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
-#   28. 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 711: cuda_prefill_staged.r64s4, 5 workloads, 1.24x (1.06x .. 1.63x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   29. 72 < total_seq_len <= 4833 and num_seqs <= 10 and max_seq_len <= 41: triton_prefill_fused.c16v32, 4 workloads, 5.61x (4.81x .. 7.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   30. 72 < total_seq_len <= 4833 and num_seqs <= 10 and 41 < max_seq_len <= 711: flashinfer_direct, 33 workloads, 2.47x (1.36x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   31. 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   32. 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711: flashinfer_direct, 19 workloads, 2.37x (1.05x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   33. 724 < total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 191: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   34. 1448 < total_seq_len <= 4205 and 79 < num_seqs <= 181 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   35. 1448 < total_seq_len <= 4205 and 79 < num_seqs <= 181 and max_seq_len > 140: vllm_flashinfer_prefill (baseline), 0 workloads
-#   36. 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len <= 70: cuda_prefill_staged.r64s4, 2 workloads, 1.36x (1.35x .. 1.37x) over vllm_flashinfer_prefill
-#   37. 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len > 70: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   38. 1448 < total_seq_len <= 4833 and num_seqs <= 1 and max_seq_len > 2450: cuda_prefill_cp.p8, 2 workloads, 1.33x (1.29x .. 1.38x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p16, cuda_prefill_cp.p4; engine plugins keep the engine's kernel (`hand_back`)
-#   39. 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2450: triton_prefill_chunked.v64, 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   40. 1448 < total_seq_len <= 4833 and num_seqs <= 51 and 711 < max_seq_len <= 1444: flashinfer_direct, 2 workloads, 1.30x (1.09x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
-#   41. 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2450: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   42. 1448 < total_seq_len <= 4833 and 1 < num_seqs <= 51 and max_seq_len > 2450: vllm_flashinfer_prefill (baseline), 0 workloads
-#   43. 1448 < total_seq_len <= 5792 and 51 < num_seqs <= 79 and max_seq_len <= 653: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   44. 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   45. 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 1091 < max_seq_len <= 2873: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   46. 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 2873: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   47. 4205 < total_seq_len <= 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   48. 4205 < total_seq_len <= 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   49. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 38 and 221 < max_seq_len <= 585: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   50. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and max_seq_len <= 221: cuda_prefill_staged.r64s4, 3 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   51. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and 585 < max_seq_len <= 2884: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   52. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 38 and 221 < max_seq_len <= 585: vllm_flashinfer_prefill (baseline), 0 workloads
-#   53. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and max_seq_len <= 221: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   54. total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and 585 < max_seq_len <= 2884: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   55. total_seq_len > 4205 and num_seqs > 181 and max_seq_len > 5502: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   56. 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 3029: cuda_prefill_staged.r64s4, 3 workloads, 1.41x (1.05x .. 1.71x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   57. 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   58. total_seq_len > 4833 and num_seqs <= 5 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 7 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   59. total_seq_len > 4833 and num_seqs <= 22 and 762 < max_seq_len <= 1797: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-#   60. total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len <= 362 and 636 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   61. total_seq_len > 4833 and num_seqs <= 51 and max_seq_len <= 636: flashinfer_direct, 3 workloads, 1.58x (1.03x .. 3.61x) over vllm_flashinfer_prefill
-#   62. total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len > 362 and 636 < max_seq_len <= 762: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   63. total_seq_len > 4833 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   64. total_seq_len > 4833 and 22 < num_seqs <= 51 and max_seq_len > 1444: cuda_prefill_staged.r64s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   65. total_seq_len > 5792 and 51 < num_seqs <= 79 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   66. total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   67. total_seq_len > 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   68. total_seq_len > 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502: vllm_flashinfer_prefill (baseline), 0 workloads
-#   69. total_seq_len > 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 5267: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   70. total_seq_len > 23170 and 5 < num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
-#   71. total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   72. total_seq_len > 23170 and 51 < num_seqs <= 79 and max_seq_len > 962: vllm_flashinfer_prefill (baseline), 0 workloads
+#   1. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.46x (7.72x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 72 and num_seqs <= 11 and 9 < max_seq_len <= 45: triton_prefill_fused.c16v32, 5 workloads, 4.93x (3.84x .. 7.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 72 and num_seqs <= 11 and 45 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 2 workloads, 3.17x (3.00x .. 3.36x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   4. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 9: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   5. total_seq_len <= 72 and 11 < num_seqs <= 51 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   6. total_seq_len <= 72 and 11 < num_seqs <= 51 and 2 < max_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 1 workloads, 8.69x (8.69x .. 8.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   7. total_seq_len <= 72 and 11 < num_seqs <= 51 and 12 < max_seq_len <= 22: triton_prefill_fused.c16v64, 1 workloads, 7.18x (7.18x .. 7.18x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   8. total_seq_len <= 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 1 workloads, 4.83x (4.83x .. 4.83x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   9. total_seq_len <= 754 and 51 < num_seqs <= 181 and mean_seq_len <= 5 and max_seq_len > 178: cuda_prefill_staged.r32s4, 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   10. total_seq_len <= 754 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 10: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.65x (1.54x .. 1.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4
+#   11. total_seq_len <= 754 and num_seqs > 51 and mean_seq_len <= 2 and 10 < max_seq_len <= 116: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 754 and num_seqs > 51 and mean_seq_len <= 5 and 116 < max_seq_len <= 178: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   13. total_seq_len <= 754 and num_seqs > 51 and 2 < mean_seq_len <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 754 and num_seqs > 51 and 2 < mean_seq_len <= 5 and 8 < max_seq_len <= 116: cuda_prefill_staged.r64s4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   15. total_seq_len <= 754 and num_seqs > 181 and mean_seq_len <= 5 and max_seq_len > 178: cuda_prefill_staged.r64s4, 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 1448 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. total_seq_len <= 1448 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 140: cuda_prefill_staged.r32s4, 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. total_seq_len <= 1448 and num_seqs > 79 and mean_seq_len > 5 and max_seq_len > 107: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
+#   19. total_seq_len <= 2450 and num_seqs <= 11 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
+#   20. total_seq_len <= 2450 and 11 < num_seqs <= 22 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   21. total_seq_len <= 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955: cuda_prefill_staged.r32s4, 5 workloads, 1.44x (1.20x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len <= 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 1444: cuda_prefill_staged.r32s4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   23. total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+#   24. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   25. total_seq_len <= 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444: cuda_prefill_staged.r32s4, 2 workloads, 1.17x (1.09x .. 1.26x) over vllm_flashinfer_prefill
+#   26. total_seq_len <= 5792 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 1797: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
+#   27. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+#   28. num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 35: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
+#   29. 72 < total_seq_len <= 724 and num_seqs <= 51 and 140 < max_seq_len <= 251: cuda_prefill_staged.r32s4, 8 workloads, 2.77x (2.12x .. 4.10x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   30. 72 < total_seq_len <= 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 14 workloads, 2.00x (1.14x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 72 and num_seqs <= 11 and max_seq_len <= 45: triton_prefill_fused.c16v32, 4 workloads, 5.61x (4.80x .. 7.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   32. total_seq_len > 72 and num_seqs <= 11 and 45 < max_seq_len <= 140: cuda_prefill_staged.r32s4, 12 workloads, 3.19x (2.71x .. 3.71x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   33. total_seq_len > 72 and 11 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.41x (1.28x .. 7.18x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 140: flashinfer_direct, 11 workloads, 2.25x (1.09x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   35. total_seq_len > 724 and num_seqs <= 51 and 140 < max_seq_len <= 251: flashinfer_direct, 3 workloads, 3.70x (2.94x .. 4.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   36. total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 191: cuda_prefill_staged.r64s4, 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 191: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   38. 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   39. 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   40. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292: cuda_prefill_staged.r64s4, 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   43. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 828: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   44. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 25 and 292 < max_seq_len <= 828: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   45. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 51 and 107 < max_seq_len <= 292: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   46. total_seq_len > 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: flashinfer_direct, 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
+#   47. 2450 < total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   48. 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1444 < max_seq_len <= 2142: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   49. 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
+#   50. total_seq_len > 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   51. total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   52. total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   53. total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   54. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   55. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   56. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   57. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   58. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: vllm_flashinfer_prefill (baseline), 0 workloads
+#   59. 5792 < total_seq_len <= 9553 and num_seqs <= 22 and 1444 < max_seq_len <= 2563: cuda_prefill_staged.r32s4, 3 workloads, 1.26x (1.12x .. 1.56x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   60. 5792 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   61. total_seq_len > 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   62. total_seq_len > 5792 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 1797: vllm_flashinfer_prefill (baseline), 0 workloads
+#   63. total_seq_len > 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 0 workloads
+#   64. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1444 < max_seq_len <= 2142: cuda_prefill_staged.r64s4, 1 workloads, 1.71x (1.71x .. 1.71x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   65. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   66. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   67. total_seq_len > 20107 and num_seqs <= 11 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   68. total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   69. total_seq_len > 20107 and 11 < num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 158 and 91 < max_seq_len <= 2045: cuda_prefill_pool_rows.k16c8, 4 workloads, 4.94x (3.69x .. 5.81x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 181 and 27 < max_seq_len <= 91: cuda_prefill_pool_rows.k16c8, 11 workloads, 5.64x (2.85x .. 8.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 362 and 8 < max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 8 workloads, 6.74x (3.00x .. 9.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.26x (2.91x .. 4.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct
-#   6. total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: cuda_prefill_cp.p16, 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
-#   7. num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: flashinfer_direct, 1 workloads, 2.62x (2.62x .. 2.62x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   8. num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093: flashinfer_direct, 1 workloads, 2.04x (2.04x .. 2.04x) over vllm_flashinfer_prefill; then triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   9. num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   10. 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: cuda_prefill_staged.r64s4, 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   11. 11 < num_seqs <= 22 and 2045 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   13. num_seqs > 22 and 2045 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 4 workloads, 1.57x (1.15x .. 2.13x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. num_seqs > 22 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
-#   15. 158 < total_seq_len <= 533 and 91 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 22 workloads, 4.42x (2.01x .. 8.37x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   16. 181 < total_seq_len <= 362 and 27 < max_seq_len <= 91: cuda_prefill_pool_rows.k8c8, 4 workloads, 5.78x (4.27x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 362 < total_seq_len <= 533 and num_seqs <= 45 and 27 < max_seq_len <= 91: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.69x (2.35x .. 7.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 362 < total_seq_len <= 533 and 8 < max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 2 workloads, 3.15x (2.73x .. 3.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 362 < total_seq_len <= 533 and num_seqs > 45 and 27 < max_seq_len <= 91: cuda_prefill_staged.r64s4, 1 workloads, 3.67x (3.67x .. 3.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. total_seq_len > 533 and mean_seq_len <= 11 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.48x (2.17x .. 2.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   21. total_seq_len > 533 and 28 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 54 workloads, 3.68x (1.73x .. 8.64x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 533 and mean_seq_len > 11 and max_seq_len <= 28: cuda_prefill_staged.r64s4, 1 workloads, 3.99x (3.99x .. 3.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   1. total_seq_len <= 45 and num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 16.58x (16.54x .. 16.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 45 and 2 < max_seq_len <= 31: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.63x (5.91x .. 15.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 45 and num_seqs > 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.65x (6.65x .. 6.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 181 and 31 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 14 workloads, 6.83x (3.40x .. 14.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 803 and num_seqs <= 90 and 127 < max_seq_len <= 255: triton_prefill_fused.c16v32, 12 workloads, 5.46x (2.79x .. 7.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 803 and 255 < max_seq_len <= 450: cuda_prefill_staged.r64s4, 8 workloads, 4.27x (2.01x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   7. total_seq_len <= 803 and 450 < max_seq_len <= 2045: cuda_prefill_staged.r32s4, 2 workloads, 4.37x (4.28x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 803 and num_seqs > 90 and 127 < max_seq_len <= 255: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: cuda_prefill_cp.p16, 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
+#   10. num_seqs <= 1 and mean_seq_len <= 8208 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   11. num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: cuda_prefill_staged.r32s4, 1 workloads, 4.14x (4.14x .. 4.14x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093: cuda_prefill_staged.r32s4, 1 workloads, 3.01x (3.01x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 1 < num_seqs <= 11 and mean_seq_len <= 8208 and 4093 < max_seq_len <= 7169: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   14. 1 < num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 7169: cuda_prefill_staged.r32s4, 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   15. 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: cuda_prefill_staged.r64s4, 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   16. 11 < num_seqs <= 22 and 2045 < max_seq_len <= 4088: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 11 < num_seqs <= 22 and 4088 < max_seq_len <= 7658: cuda_prefill_staged.r32s4, 1 workloads, 2.12x (2.12x .. 2.12x) over vllm_flashinfer_prefill
+#   18. 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. 22 < num_seqs <= 79 and 2045 < max_seq_len <= 11562: cuda_prefill_staged.r64s4, 2 workloads, 1.78x (1.49x .. 2.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   20. 22 < num_seqs <= 79 and max_seq_len > 11562: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
+#   21. 79 < num_seqs <= 181 and 2045 < max_seq_len <= 8128: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 79 < num_seqs <= 181 and max_seq_len > 8128: cuda_prefill_staged.r32s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+#   23. num_seqs > 181 and 2045 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. num_seqs > 181 and max_seq_len > 5420: cuda_prefill_staged.r32s4, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+#   25. 45 < total_seq_len <= 181 and 12 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 5 workloads, 9.07x (5.57x .. 14.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. 45 < total_seq_len <= 803 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 10 workloads, 4.66x (2.62x .. 14.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   27. 181 < total_seq_len <= 803 and num_seqs <= 6 and 31 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.88x (4.74x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   28. 181 < total_seq_len <= 803 and 12 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 3 workloads, 5.12x (4.68x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. 181 < total_seq_len <= 803 and num_seqs > 6 and 31 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.91x (2.56x .. 10.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   30. 803 < total_seq_len <= 1299 and num_seqs <= 1 and 246 < max_seq_len <= 2045: cuda_prefill_staged.r32s4, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   31. 803 < total_seq_len <= 1299 and num_seqs <= 45 and max_seq_len <= 89: triton_prefill_fused.c16v64, 2 workloads, 5.53x (5.13x .. 5.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   32. 803 < total_seq_len <= 1299 and num_seqs <= 45 and 89 < max_seq_len <= 246: triton_prefill_fused.c16v32, 3 workloads, 4.45x (2.59x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. 803 < total_seq_len <= 1299 and 1 < num_seqs <= 45 and 246 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 10 workloads, 5.13x (3.10x .. 7.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. 803 < total_seq_len <= 1299 and num_seqs > 45 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.97x (1.84x .. 4.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   35. 803 < total_seq_len <= 1299 and num_seqs > 45 and 45 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 3 workloads, 2.51x (2.23x .. 2.76x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 1299 and max_seq_len <= 2045: cuda_prefill_staged.r64s4, 35 workloads, 3.29x (1.73x .. 6.92x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   37. total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 54), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.87, 4.84, 6.41), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (54, None), 'mean_seq_len': (6, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.12, 3.31, 3.51), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 3, 'speedup': (7.79, 8.55, 9.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, None), 'mean_seq_len': (6, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (11, 21), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.95, 8.95, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (12, 18), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (18, None), 'mean_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (12, 30), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.36, 7.36, 7.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (30, None), 'mean_seq_len': (2, None), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (5.36, 5.36, 5.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (21, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (181, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, 444), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (444, 450), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (450, 896), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (896, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.23, 1.38, 1.54), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 191), 'mean_seq_len': (2, None), 'num_seqs': (51, 90), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.14, 1.15, 1.18), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 1448)}, 'workloads': 5, 'speedup': (1.53, 1.65, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 191), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 1448)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (90, 181), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 191), 'mean_seq_len': (2, None), 'num_seqs': (90, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.39, 1.39, 1.4), 'fallbacks': ()},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (22, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 12), 'num_seqs': (11, 51), 'total_seq_len': (45, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (711, None), 'num_seqs': (None, 1), 'total_seq_len': (72, 1448)}, 'workloads': 1, 'speedup': (1.4, 1.4, 1.4), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16'), 'hand_back': True},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (711, None), 'num_seqs': (1, 51), 'total_seq_len': (72, 1448)}, 'workloads': 5, 'speedup': (1.06, 1.24, 1.63), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'num_seqs': (None, 10), 'total_seq_len': (72, 4833)}, 'workloads': 4, 'speedup': (4.81, 5.61, 7.05), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 711), 'num_seqs': (None, 10), 'total_seq_len': (72, 4833)}, 'workloads': 33, 'speedup': (1.36, 2.47, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (10, 51), 'total_seq_len': (72, 4833)}, 'workloads': 4, 'speedup': (1.28, 4.42, 7.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (10, 51), 'total_seq_len': (72, 4833)}, 'workloads': 19, 'speedup': (1.05, 2.37, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (191, None), 'num_seqs': (181, None), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'num_seqs': (79, 181), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (140, None), 'num_seqs': (79, 181), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 70), 'num_seqs': (181, None), 'total_seq_len': (1448, 4205)}, 'workloads': 2, 'speedup': (1.35, 1.36, 1.37), 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, None), 'num_seqs': (181, None), 'total_seq_len': (1448, 4205)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 38, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2450, None), 'num_seqs': (None, 1), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.29, 1.33, 1.38), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4'), 'hand_back': True},
-    {'region': 39, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, 2450), 'mean_seq_len': (None, 181), 'num_seqs': (None, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.2, 1.2, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 40, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 1444), 'num_seqs': (None, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.09, 1.3, 1.56), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 2450), 'mean_seq_len': (181, None), 'num_seqs': (None, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2450, None), 'num_seqs': (1, 51), 'total_seq_len': (1448, 4833)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 653), 'num_seqs': (51, 79), 'total_seq_len': (1448, 5792)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 1091), 'num_seqs': (51, 79), 'total_seq_len': (1448, 23170)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1091, 2873), 'num_seqs': (51, 79), 'total_seq_len': (1448, 23170)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 46, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2873, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 23170)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 47, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (5502, None), 'num_seqs': (79, 181), 'total_seq_len': (4205, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 48, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2884, 5502), 'num_seqs': (79, None), 'total_seq_len': (4205, 11585)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (221, 585), 'mean_seq_len': (None, 38), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 50, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 221), 'mean_seq_len': (None, 53), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 3, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 51, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (585, 2884), 'mean_seq_len': (None, 53), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 52, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (221, 585), 'mean_seq_len': (38, None), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 221), 'mean_seq_len': (53, None), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 54, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (585, 2884), 'mean_seq_len': (53, None), 'num_seqs': (79, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5502, None), 'num_seqs': (181, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 56, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1797, 3029), 'num_seqs': (5, 22), 'total_seq_len': (4833, 23170)}, 'workloads': 3, 'speedup': (1.05, 1.41, 1.71), 'fallbacks': (), 'hand_back': True},
-    {'region': 57, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (5, 22), 'total_seq_len': (4833, 23170)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (None, 5), 'total_seq_len': (4833, None)}, 'workloads': 7, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 59, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1797), 'num_seqs': (None, 22), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ()},
-    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (None, 362), 'num_seqs': (None, 51), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 61, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'num_seqs': (None, 51), 'total_seq_len': (4833, None)}, 'workloads': 3, 'speedup': (1.03, 1.58, 3.61), 'fallbacks': ()},
-    {'region': 62, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (636, 762), 'mean_seq_len': (362, None), 'num_seqs': (None, 51), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 63, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 51), 'total_seq_len': (4833, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 64, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (22, 51), 'total_seq_len': (4833, None)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': (), 'hand_back': True},
-    {'region': 65, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'num_seqs': (51, 79), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5502, None), 'num_seqs': (79, 181), 'total_seq_len': (11585, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 68, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2884, 5502), 'num_seqs': (79, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 69, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1797, 5267), 'num_seqs': (5, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 70, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (5, 22), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 71, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 72, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (962, None), 'num_seqs': (51, 79), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 3, 'speedup': (7.72, 8.46, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (9, 45), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 5, 'speedup': (3.84, 4.93, 7.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, 711), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 2, 'speedup': (3.0, 3.17, 3.36), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (6, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 12), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (8.69, 8.69, 8.69), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 7, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (12, 22), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (7.18, 7.18, 7.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (22, 711), 'num_seqs': (11, 51), 'total_seq_len': (None, 72)}, 'workloads': 1, 'speedup': (4.83, 4.83, 4.83), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, 181), 'total_seq_len': (None, 754)}, 'workloads': 1, 'speedup': (1.22, 1.22, 1.22), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 754)}, 'workloads': 5, 'speedup': (1.54, 1.65, 1.8), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (10, 116), 'mean_seq_len': (None, 2), 'num_seqs': (51, None), 'total_seq_len': (None, 754)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (116, 178), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (None, 754)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (2, 5), 'num_seqs': (51, None), 'total_seq_len': (None, 754)}, 'workloads': 1, 'speedup': (1.56, 1.56, 1.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8, 116), 'mean_seq_len': (2, 5), 'num_seqs': (51, None), 'total_seq_len': (None, 754)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (178, None), 'mean_seq_len': (None, 5), 'num_seqs': (181, None), 'total_seq_len': (None, 754)}, 'workloads': 1, 'speedup': (1.37, 1.37, 1.37), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.14, 1.15, 1.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.05, 1.07, 1.09), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (107, None), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 2450)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, 955), 'num_seqs': (None, 22), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (1.2, 1.44, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, 1444), 'num_seqs': (22, 51), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (22, 51), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (955, 1444), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.09, 1.17, 1.26), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1444, 1797), 'num_seqs': (22, 51), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 35), 'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.37), 'fallbacks': ()},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, 251), 'num_seqs': (None, 51), 'total_seq_len': (72, 724)}, 'workloads': 8, 'speedup': (2.12, 2.77, 4.1), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (72, 1874)}, 'workloads': 14, 'speedup': (1.14, 2.0, 2.74), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (None, 11), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (4.8, 5.61, 7.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, 140), 'num_seqs': (None, 11), 'total_seq_len': (72, None)}, 'workloads': 12, 'speedup': (2.71, 3.19, 3.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (11, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.41, 7.18), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 140), 'num_seqs': (11, 51), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.09, 2.25, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (140, 251), 'num_seqs': (None, 51), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.94, 3.7, 4.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 191), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (754, None)}, 'workloads': 2, 'speedup': (1.39, 1.39, 1.4), 'fallbacks': ()},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (191, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (754, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (5, 17), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (292, 828), 'mean_seq_len': (5, 25), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (107, 292), 'mean_seq_len': (5, 51), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (17, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (292, 828), 'mean_seq_len': (25, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (107, 292), 'mean_seq_len': (51, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (1874, None)}, 'workloads': 7, 'speedup': (1.03, 1.86, 3.61), 'fallbacks': ()},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (2450, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 48, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 22), 'total_seq_len': (2450, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 22), 'total_seq_len': (2450, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 955), 'num_seqs': (None, 22), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 56, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 57, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 59, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1444, 2563), 'num_seqs': (None, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.12, 1.26, 1.56), 'fallbacks': (), 'hand_back': True},
+    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 61, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (955, 1444), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 62, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1797), 'num_seqs': (22, 51), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 63, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 64, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.71, 1.71, 1.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 65, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2142, 3465), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 11), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 68, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (11, 22), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 69, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (11, 22), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (91, 2045), 'total_seq_len': (None, 158)}, 'workloads': 4, 'speedup': (3.69, 4.94, 5.81), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (27, 91), 'total_seq_len': (None, 181)}, 'workloads': 11, 'speedup': (2.85, 5.64, 8.39), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 27), 'total_seq_len': (None, 362)}, 'workloads': 8, 'speedup': (3.0, 6.74, 9.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 45), 'total_seq_len': (None, 533)}, 'workloads': 6, 'speedup': (4.6, 7.9, 9.04), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (45, None), 'total_seq_len': (None, 533)}, 'workloads': 5, 'speedup': (2.91, 3.26, 4.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 28435)}, 'workloads': 2, 'speedup': (1.38, 1.77, 2.26), 'fallbacks': ()},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (2.62, 2.62, 2.62), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (2563, 4093), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (2.04, 2.04, 2.04), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (4.13, 4.13, 4.13), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 5420), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 16368), 'num_seqs': (22, None)}, 'workloads': 4, 'speedup': (1.15, 1.57, 2.13), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 2045), 'total_seq_len': (158, 533)}, 'workloads': 22, 'speedup': (2.01, 4.42, 8.37), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 91), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (4.27, 5.78, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 91), 'num_seqs': (None, 45), 'total_seq_len': (362, 533)}, 'workloads': 3, 'speedup': (2.35, 4.69, 7.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (8, 27), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.73, 3.15, 3.63), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (27, 91), 'num_seqs': (45, None), 'total_seq_len': (362, 533)}, 'workloads': 1, 'speedup': (3.67, 3.67, 3.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (None, 11), 'total_seq_len': (533, None)}, 'workloads': 4, 'speedup': (2.17, 2.48, 2.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 2045), 'total_seq_len': (533, None)}, 'workloads': 54, 'speedup': (1.73, 3.68, 8.64), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 28), 'mean_seq_len': (11, None), 'total_seq_len': (533, None)}, 'workloads': 1, 'speedup': (3.99, 3.99, 3.99), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (28435, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (16.54, 16.58, 16.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 31), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (5.91, 9.63, 15.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.65, 6.65, 6.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 127), 'total_seq_len': (None, 181)}, 'workloads': 14, 'speedup': (3.4, 6.83, 14.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (127, 255), 'num_seqs': (None, 90), 'total_seq_len': (None, 803)}, 'workloads': 12, 'speedup': (2.79, 5.46, 7.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (255, 450), 'total_seq_len': (None, 803)}, 'workloads': 8, 'speedup': (2.01, 4.27, 6.95), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (450, 2045), 'total_seq_len': (None, 803)}, 'workloads': 2, 'speedup': (4.28, 4.37, 4.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 255), 'num_seqs': (90, None), 'total_seq_len': (None, 803)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 28435)}, 'workloads': 2, 'speedup': (1.38, 1.77, 2.26), 'fallbacks': ()},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (4.14, 4.14, 4.14), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2563, 4093), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (3.01, 3.01, 3.01), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 7169), 'mean_seq_len': (None, 8208), 'num_seqs': (1, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (None, 8208), 'num_seqs': (1, 11)}, 'workloads': 1, 'speedup': (2.24, 2.24, 2.24), 'fallbacks': (), 'hand_back': True},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (4.13, 4.13, 4.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 4088), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4088, 7658), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (2.12, 2.12, 2.12), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 11562), 'num_seqs': (22, 79)}, 'workloads': 2, 'speedup': (1.49, 1.78, 2.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11562, None), 'num_seqs': (22, 79)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 8128), 'num_seqs': (79, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8128, None), 'num_seqs': (79, 181)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 5420), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (12, 31), 'total_seq_len': (45, 181)}, 'workloads': 5, 'speedup': (5.57, 9.07, 14.7), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'total_seq_len': (45, 803)}, 'workloads': 10, 'speedup': (2.62, 4.66, 14.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 127), 'num_seqs': (None, 6), 'total_seq_len': (181, 803)}, 'workloads': 3, 'speedup': (4.74, 5.88, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 31), 'total_seq_len': (181, 803)}, 'workloads': 3, 'speedup': (4.68, 5.12, 5.51), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 127), 'num_seqs': (6, None), 'total_seq_len': (181, 803)}, 'workloads': 6, 'speedup': (2.56, 5.91, 10.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (246, 2045), 'num_seqs': (None, 1), 'total_seq_len': (803, 1299)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 89), 'num_seqs': (None, 45), 'total_seq_len': (803, 1299)}, 'workloads': 2, 'speedup': (5.13, 5.53, 5.97), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (89, 246), 'num_seqs': (None, 45), 'total_seq_len': (803, 1299)}, 'workloads': 3, 'speedup': (2.59, 4.45, 8.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (246, 2045), 'num_seqs': (1, 45), 'total_seq_len': (803, 1299)}, 'workloads': 10, 'speedup': (3.1, 5.13, 7.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (803, 1299)}, 'workloads': 3, 'speedup': (1.84, 2.97, 4.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 2045), 'num_seqs': (45, None), 'total_seq_len': (803, 1299)}, 'workloads': 3, 'speedup': (2.23, 2.51, 2.76), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2045), 'total_seq_len': (1299, None)}, 'workloads': 35, 'speedup': (1.73, 3.29, 6.92), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (28435, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -417,307 +443,346 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 5 workloads, 4.84x (3.87x .. 6.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 54:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 4: 2 workloads, 3.31x (3.12x .. 3.51x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 5 and mean_seq_len > 6 and max_seq_len > 54:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 5: 3 workloads, 8.55x (7.79x .. 9.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and 5 < num_seqs <= 11 and mean_seq_len > 6 and max_seq_len > 41:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 8: 1 workloads, 8.95x (8.95x .. 8.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 21 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and 12 < max_seq_len <= 18:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len <= 2 and max_seq_len > 18:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 1 workloads, 7.36x (7.36x .. 7.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and 12 < max_seq_len <= 30:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 1 workloads, 5.36x (5.36x .. 5.36x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 11 < num_seqs <= 51 and mean_seq_len > 2 and max_seq_len > 30:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
-    # region 13: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 72 and 21 < num_seqs <= 51 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 14: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 181 and max_seq_len > 191:
-        return 'cuda_prefill_staged.r64s4'
-    # region 15: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and 191 < max_seq_len <= 444:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and 444 < max_seq_len <= 450:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 17: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and 450 < max_seq_len <= 896:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and max_seq_len > 896:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 19: 2 workloads, 1.38x (1.23x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 51 < num_seqs <= 90 and mean_seq_len > 2 and 8 < max_seq_len <= 191:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 21: 5 workloads, 1.65x (1.53x .. 1.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 10:
+    # region 1: 3 workloads, 8.46x (7.72x .. 8.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 4.93x (3.84x .. 7.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and 9 < max_seq_len <= 45:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 2 workloads, 3.17x (3.00x .. 3.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and num_seqs <= 11 and 45 < max_seq_len <= 711:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len > 6 and max_seq_len <= 9:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 1 workloads, 8.69x (8.69x .. 8.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and 2 < max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 7: 1 workloads, 7.18x (7.18x .. 7.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and 12 < max_seq_len <= 22:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 8: 1 workloads, 4.83x (4.83x .. 4.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 711:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 1 workloads, 1.22x (1.22x .. 1.22x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and 51 < num_seqs <= 181 and mean_seq_len <= 5 and max_seq_len > 178:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 5 workloads, 1.65x (1.54x .. 1.80x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 22: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 51 and mean_seq_len <= 2 and 10 < max_seq_len <= 191:
+    # region 11: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 51 and mean_seq_len <= 2 and 10 < max_seq_len <= 116:
         return 'cuda_prefill_staged.r64s4'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 191:
+    # region 12: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 754 and num_seqs > 51 and mean_seq_len <= 5 and 116 < max_seq_len <= 178:
         return 'cuda_prefill_staged.r64s4'
-    # region 24: 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 90 and mean_seq_len > 2 and max_seq_len <= 191:
+    # region 13: 1 workloads, 1.56x (1.56x .. 1.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 51 and 2 < mean_seq_len <= 5 and max_seq_len <= 8:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 51 and 2 < mean_seq_len <= 5 and 8 < max_seq_len <= 116:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 1 workloads, 1.37x (1.37x .. 1.37x) over vllm_flashinfer_prefill
+    if total_seq_len <= 754 and num_seqs > 181 and mean_seq_len <= 5 and max_seq_len > 178:
         return 'cuda_prefill_staged.r64s4'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len > 6:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if 45 < total_seq_len <= 72 and 11 < num_seqs <= 51 and 4 < max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 27: 1 workloads, 1.40x (1.40x .. 1.40x) over vllm_flashinfer_prefill's guarded call
-    if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 711:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p4'
-    # region 28: 5 workloads, 1.24x (1.06x .. 1.63x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 1448 and 1 < num_seqs <= 51 and max_seq_len > 711:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 4 workloads, 5.61x (4.81x .. 7.05x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 4833 and num_seqs <= 10 and max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 30: 33 workloads, 2.47x (1.36x .. 4.17x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 4833 and num_seqs <= 10 and 41 < max_seq_len <= 711:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 31: 4 workloads, 4.42x (1.28x .. 7.19x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and max_seq_len <= 22:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 19 workloads, 2.37x (1.05x .. 5.82x) over vllm_flashinfer_prefill
-    if 72 < total_seq_len <= 4833 and 10 < num_seqs <= 51 and 22 < max_seq_len <= 711:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 33: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if 724 < total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 191:
-        return 'cuda_prefill_staged.r64s4'
-    # region 34: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 4205 and 79 < num_seqs <= 181 and max_seq_len <= 140:
-        return 'cuda_prefill_staged.r64s4'
-    # region 36: 2 workloads, 1.36x (1.35x .. 1.37x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len <= 70:
-        return 'cuda_prefill_staged.r64s4'
-    # region 37: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len > 70:
-        return 'cuda_prefill_staged.r64s4'
-    # region 38: 2 workloads, 1.33x (1.29x .. 1.38x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 4833 and num_seqs <= 1 and max_seq_len > 2450:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
-    # region 39: 2 workloads, 1.20x (1.20x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2450:
+    # region 16: 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 140:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 140:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1448 and num_seqs > 79 and mean_seq_len > 5 and max_seq_len > 107:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2450 and num_seqs <= 11 and max_seq_len > 1444:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 2450 and 11 < num_seqs <= 22 and max_seq_len > 1444:
         return 'triton_prefill_chunked.v64'
-    # region 40: 2 workloads, 1.30x (1.09x .. 1.56x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and 711 < max_seq_len <= 1444:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 41: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len > 181 and 1444 < max_seq_len <= 2450:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 5792 and 51 < num_seqs <= 79 and max_seq_len <= 653:
+    # region 21: 5 workloads, 1.44x (1.20x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 22: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 1444:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 23: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797:
+        return 'cuda_prefill_staged.r32s4'
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107:
+        return 'cuda_prefill_staged.r64s4'
+    # region 25: 2 workloads, 1.17x (1.09x .. 1.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444:
+        return 'cuda_prefill_staged.r32s4'
+    # region 26: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5792 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 1797:
+        return 'cuda_prefill_staged.r32s4'
+    # region 27: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70:
+        return 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
+    if num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 35:
+        return 'cuda_prefill_staged.r64s4'
+    # region 29: 8 workloads, 2.77x (2.12x .. 4.10x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 724 and num_seqs <= 51 and 140 < max_seq_len <= 251:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 30: 14 workloads, 2.00x (1.14x .. 2.74x) over vllm_flashinfer_prefill
+    if 72 < total_seq_len <= 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 31: 4 workloads, 5.61x (4.80x .. 7.06x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and num_seqs <= 11 and max_seq_len <= 45:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 32: 12 workloads, 3.19x (2.71x .. 3.71x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and num_seqs <= 11 and 45 < max_seq_len <= 140:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 33: 4 workloads, 4.41x (1.28x .. 7.18x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 11 < num_seqs <= 51 and max_seq_len <= 22:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 11 workloads, 2.25x (1.09x .. 5.82x) over vllm_flashinfer_prefill
+    if total_seq_len > 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 140:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 35: 3 workloads, 3.70x (2.94x .. 4.32x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs <= 51 and 140 < max_seq_len <= 251:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 36: 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 191:
+        return 'cuda_prefill_staged.r64s4'
+    # region 37: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 191:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 38: 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 44: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 1091:
-        return 'flashinfer_direct'
+    # region 39: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564:
+        return 'cuda_prefill_staged.r32s4'
+    # region 40: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828:
+        return 'cuda_prefill_staged.r64s4'
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828:
+        return 'cuda_prefill_staged.r64s4'
+    # region 42: 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292:
+        return 'cuda_prefill_staged.r64s4'
+    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 828:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 25 and 292 < max_seq_len <= 828:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
     # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and 1091 < max_seq_len <= 2873:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
-    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 2873:
-        return 'cuda_prefill_staged.r64s4'
-    # region 47: 0 workloads, by estimated times (no measured workload in it)
-    if 4205 < total_seq_len <= 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502:
-        return 'cuda_prefill_staged.r64s4'
+    if total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 51 and 107 < max_seq_len <= 292:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len > 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711:
+        return 'flashinfer_direct'
+    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 2450 < total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 1444:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 48: 0 workloads, by estimated times (no measured workload in it)
-    if 4205 < total_seq_len <= 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502:
-        return 'cuda_prefill_staged.r64s4'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 38 and 221 < max_seq_len <= 585:
-        return 'cuda_prefill_staged.r64s4'
-    # region 50: 3 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and max_seq_len <= 221:
-        return 'cuda_prefill_staged.r64s4'
-    # region 51: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and 585 < max_seq_len <= 2884:
-        return 'cuda_prefill_staged.r64s4'
-    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and max_seq_len <= 221:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 54: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len > 53 and 585 < max_seq_len <= 2884:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    if 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1444 < max_seq_len <= 2142:
+        return 'cuda_prefill_staged.r32s4'
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 52: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 53: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 54: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 55: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4205 and num_seqs > 181 and max_seq_len > 5502:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 3 workloads, 1.41x (1.05x .. 1.71x) over vllm_flashinfer_prefill's guarded call
-    if 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 3029:
-        return 'cuda_prefill_staged.r64s4'
-    # region 57: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and max_seq_len > 3029:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 58: 7 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4833 and num_seqs <= 5 and max_seq_len > 1797:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 59: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and num_seqs <= 22 and 762 < max_seq_len <= 1797:
+    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962:
         return 'flashinfer_direct'
-    # region 60: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len <= 362 and 636 < max_seq_len <= 762:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 61: 3 workloads, 1.58x (1.03x .. 3.61x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and num_seqs <= 51 and max_seq_len <= 636:
-        return 'flashinfer_direct'
-    # region 62: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4833 and num_seqs <= 51 and mean_seq_len > 362 and 636 < max_seq_len <= 762:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 63: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4833 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 64: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 4833 and 22 < num_seqs <= 51 and max_seq_len > 1444:
+    # region 57: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962:
         return 'cuda_prefill_staged.r64s4'
-    # region 65: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 51 < num_seqs <= 79 and max_seq_len <= 636:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 66: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5792 and 51 < num_seqs <= 79 and 636 < max_seq_len <= 653:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 67: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 69: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 5267:
+    # region 59: 3 workloads, 1.26x (1.12x .. 1.56x) over vllm_flashinfer_prefill's guarded call
+    if 5792 < total_seq_len <= 9553 and num_seqs <= 22 and 1444 < max_seq_len <= 2563:
+        return 'cuda_prefill_staged.r32s4'
+    # region 60: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if 5792 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len > 2563:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 61: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 64: 1 workloads, 1.71x (1.71x .. 1.71x) over vllm_flashinfer_prefill's guarded call
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1444 < max_seq_len <= 2142:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 65: 0 workloads, by estimated times (no measured workload in it)
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 71: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and 51 < num_seqs <= 79 and 653 < max_seq_len <= 962:
-        return 'flashinfer_direct'
+    # region 66: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and max_seq_len > 3465:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
+    # region 67: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 20107 and num_seqs <= 11 and max_seq_len > 1444:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 68: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.94x (3.69x .. 5.81x) over vllm_flashinfer_prefill
-    if total_seq_len <= 158 and 91 < max_seq_len <= 2045:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 11 workloads, 5.64x (2.85x .. 8.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 27 < max_seq_len <= 91:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 8 workloads, 6.74x (3.00x .. 9.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and 8 < max_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 6 workloads, 7.90x (4.60x .. 9.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 5 workloads, 3.26x (2.91x .. 4.23x) over vllm_flashinfer_prefill
-    if total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
+    # region 1: 2 workloads, 16.58x (16.54x .. 16.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs <= 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 9.63x (5.91x .. 15.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and 2 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 6.65x (6.65x .. 6.65x) over vllm_flashinfer_prefill
+    if total_seq_len <= 45 and num_seqs > 5 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 14 workloads, 6.83x (3.40x .. 14.14x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and 31 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 12 workloads, 5.46x (2.79x .. 7.78x) over vllm_flashinfer_prefill
+    if total_seq_len <= 803 and num_seqs <= 90 and 127 < max_seq_len <= 255:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 8 workloads, 4.27x (2.01x .. 6.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 803 and 255 < max_seq_len <= 450:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 7: 2 workloads, 4.37x (4.28x .. 4.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 803 and 450 < max_seq_len <= 2045:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 803 and num_seqs > 90 and 127 < max_seq_len <= 255:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
     if total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045:
         return 'cuda_prefill_cp.p16'
-    # region 7: 1 workloads, 2.62x (2.62x .. 2.62x) over vllm_flashinfer_prefill
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 1 and mean_seq_len <= 8208 and max_seq_len > 4093:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 1 workloads, 4.14x (4.14x .. 4.14x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 8: 1 workloads, 2.04x (2.04x .. 2.04x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 12: 1 workloads, 3.01x (3.01x .. 3.01x) over vllm_flashinfer_prefill
     if num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093:
-        return ('flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 9: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 1 < num_seqs <= 11 and mean_seq_len <= 8208 and 4093 < max_seq_len <= 7169:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill's guarded call
+    if 1 < num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 7169:
+        return 'cuda_prefill_staged.r32s4'
+    # region 15: 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < num_seqs <= 22 and 2045 < max_seq_len <= 5420:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 11 < num_seqs <= 22 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 13: 4 workloads, 1.57x (1.15x .. 2.13x) over vllm_flashinfer_prefill
-    if num_seqs > 22 and 2045 < max_seq_len <= 16368:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if 11 < num_seqs <= 22 and 2045 < max_seq_len <= 4088:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 17: 1 workloads, 2.12x (2.12x .. 2.12x) over vllm_flashinfer_prefill
+    if 11 < num_seqs <= 22 and 4088 < max_seq_len <= 7658:
+        return 'cuda_prefill_staged.r32s4'
+    # region 19: 2 workloads, 1.78x (1.49x .. 2.13x) over vllm_flashinfer_prefill
+    if 22 < num_seqs <= 79 and 2045 < max_seq_len <= 11562:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 0 workloads, by estimated times (no measured workload in it)
+    if 22 < num_seqs <= 79 and max_seq_len > 11562:
+        return 'cuda_prefill_staged.r32s4'
+    # region 21: 0 workloads, by estimated times (no measured workload in it)
+    if 79 < num_seqs <= 181 and 2045 < max_seq_len <= 8128:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+    if 79 < num_seqs <= 181 and max_seq_len > 8128:
+        return 'cuda_prefill_staged.r32s4'
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 181 and 2045 < max_seq_len <= 5420:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
+    if num_seqs > 181 and max_seq_len > 5420:
+        return 'cuda_prefill_staged.r32s4'
+    # region 25: 5 workloads, 9.07x (5.57x .. 14.70x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 181 and 12 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 26: 10 workloads, 4.66x (2.62x .. 14.42x) over vllm_flashinfer_prefill
+    if 45 < total_seq_len <= 803 and max_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 27: 3 workloads, 5.88x (4.74x .. 7.43x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 803 and num_seqs <= 6 and 31 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 28: 3 workloads, 5.12x (4.68x .. 5.51x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 803 and 12 < max_seq_len <= 31:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 29: 6 workloads, 5.91x (2.56x .. 10.28x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 803 and num_seqs > 6 and 31 < max_seq_len <= 127:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 30: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1299 and num_seqs <= 1 and 246 < max_seq_len <= 2045:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 31: 2 workloads, 5.53x (5.13x .. 5.97x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1299 and num_seqs <= 45 and max_seq_len <= 89:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 32: 3 workloads, 4.45x (2.59x .. 8.22x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1299 and num_seqs <= 45 and 89 < max_seq_len <= 246:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 33: 10 workloads, 5.13x (3.10x .. 7.08x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1299 and 1 < num_seqs <= 45 and 246 < max_seq_len <= 2045:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 34: 3 workloads, 2.97x (1.84x .. 4.74x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1299 and num_seqs > 45 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 35: 3 workloads, 2.51x (2.23x .. 2.76x) over vllm_flashinfer_prefill
+    if 803 < total_seq_len <= 1299 and num_seqs > 45 and 45 < max_seq_len <= 2045:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 36: 35 workloads, 3.29x (1.73x .. 6.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 1299 and max_seq_len <= 2045:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 22 workloads, 4.42x (2.01x .. 8.37x) over vllm_flashinfer_prefill
-    if 158 < total_seq_len <= 533 and 91 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 4 workloads, 5.78x (4.27x .. 7.43x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 362 and 27 < max_seq_len <= 91:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 17: 3 workloads, 4.69x (2.35x .. 7.11x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs <= 45 and 27 < max_seq_len <= 91:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 2 workloads, 3.15x (2.73x .. 3.63x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and 8 < max_seq_len <= 27:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 1 workloads, 3.67x (3.67x .. 3.67x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 45 and 27 < max_seq_len <= 91:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 4 workloads, 2.48x (2.17x .. 2.85x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and mean_seq_len <= 11 and max_seq_len <= 28:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 54 workloads, 3.68x (1.73x .. 8.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and 28 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 3.99x (3.99x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 533 and mean_seq_len > 11 and max_seq_len <= 28:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 72 < total_seq_len <= 1448 and num_seqs <= 1 and max_seq_len > 711:  # region 27
+    if total_seq_len <= 2450 and 11 < num_seqs <= 22 and max_seq_len > 1444:  # region 20
         return True
-    if 724 < total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 191:  # region 33
+    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 191:  # region 37
         return True
-    if 1448 < total_seq_len <= 4205 and num_seqs > 181 and max_seq_len > 70:  # region 37
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828:  # region 40
         return True
-    if 1448 < total_seq_len <= 4833 and num_seqs <= 1 and max_seq_len > 2450:  # region 38
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828:  # region 41
         return True
-    if 1448 < total_seq_len <= 4833 and num_seqs <= 51 and mean_seq_len <= 181 and 1444 < max_seq_len <= 2450:  # region 39
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292:  # region 42
         return True
-    if 1448 < total_seq_len <= 23170 and 51 < num_seqs <= 79 and max_seq_len > 2873:  # region 46
+    if 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1444 < max_seq_len <= 2142:  # region 48
         return True
-    if 4205 < total_seq_len <= 11585 and 79 < num_seqs <= 181 and max_seq_len > 5502:  # region 47
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797:  # region 53
         return True
-    if 4205 < total_seq_len <= 11585 and num_seqs > 79 and 2884 < max_seq_len <= 5502:  # region 48
+    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962:  # region 57
         return True
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 38 and 221 < max_seq_len <= 585:  # region 49
+    if 5792 < total_seq_len <= 9553 and num_seqs <= 22 and 1444 < max_seq_len <= 2563:  # region 59
         return True
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and max_seq_len <= 221:  # region 50
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1444 < max_seq_len <= 2142:  # region 64
         return True
-    if total_seq_len > 4205 and num_seqs > 79 and mean_seq_len <= 53 and 585 < max_seq_len <= 2884:  # region 51
+    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465:  # region 65
         return True
-    if 4833 < total_seq_len <= 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 3029:  # region 56
+    if total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267:  # region 68
         return True
-    if total_seq_len > 4833 and 22 < num_seqs <= 51 and max_seq_len > 1444:  # region 64
-        return True
-    if total_seq_len > 23170 and 5 < num_seqs <= 22 and 1797 < max_seq_len <= 5267:  # region 69
+    return False
+
+
+def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
+    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
+    if 1 < num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 7169:  # region 14
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T04:03:05Z
+# measured    up to 2026-12-01T06:02:03Z
 # workloads   141 (workload-set digest af3654f7bd8a7a70)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -14,16 +14,19 @@
 #   cuda_prefill_cp.p16             dffbd933664a25c8  10/10  0.77x
 #   cuda_prefill_cp.p4              647de52a3eb20d1c  10/10  0.94x
 #   cuda_prefill_cp.p8              f0718db216ee20b2  10/10  0.91x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  126/134  0.49x  [8 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  125/134  0.45x  [9 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  127/134  0.49x  [7 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  128/134  0.52x  [6 screened out]
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  81/134  0.89x  [53 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  79/134  0.89x  [55 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  84/134  0.87x  [50 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  85/134  0.90x  [49 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  139/141  1.45x  [2 screened out]
 #   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  139/141  1.45x  [2 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  139/141  1.45x  [2 screened out]
 #   flashqla_chunk                  5e5c152ba7fedf0f  0/0  -
-#   triton_prefill_chunked.v64      2a710645e644b88e  138/141  0.78x  [3 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  137/141  0.84x  [4 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.88x  [4 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  103/141  0.88x  [38 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  118/141  1.00x  [23 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  121/141  1.06x  [20 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  139/141  1.07x  [2 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  137/141  1.09x  [4 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.42x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
@@ -33,72 +36,83 @@
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r32s4       cfg=(2, 4)
 #   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   triton_prefill_staged.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_staged.c16v64    cfg=(16, 64, 4)
 #   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 9.93% mean, 199.25% max;
-#             1.247x over the baseline; 4 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 21.50% mean, 261.59% max;
-#             2.423x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 10.08% mean, 199.25% max;
+#             1.257x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 24.70% mean, 261.59% max;
+#             2.633x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   3. total_seq_len <= 399 and 13 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   5. total_seq_len <= 1704 and num_seqs <= 13 and mean_seq_len > 362: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.05x .. 1.83x) over vllm_flashinfer_prefill
-#   6. total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362: flashinfer_direct, 35 workloads, 2.91x (1.04x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   7. 399 < total_seq_len <= 557 and 13 < num_seqs <= 33: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. 399 < total_seq_len <= 557 and num_seqs > 33: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
-#   9. total_seq_len > 557 and num_seqs > 13 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 557 and num_seqs > 13 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   11. total_seq_len > 1704 and num_seqs <= 13 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 18 workloads
+#   1. total_seq_len <= 75 and num_seqs <= 9 and mean_seq_len <= 7: cuda_prefill_pool_rows.k16c8, 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 75 and num_seqs <= 9 and 7 < mean_seq_len <= 362: triton_prefill_fused.c16v32, 5 workloads, 4.51x (2.96x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   3. total_seq_len <= 399 and 9 < num_seqs <= 17: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   4. total_seq_len <= 399 and num_seqs > 17: cuda_prefill_staged.r64s4, 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
+#   5. total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 362: cuda_prefill_staged.r32s4, 6 workloads, 1.49x (1.14x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   6. total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72: flashinfer_direct, 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   7. total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362: cuda_prefill_staged.r32s4, 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   8. 399 < total_seq_len <= 557 and 9 < num_seqs <= 33: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   9. 399 < total_seq_len <= 557 and num_seqs > 33: cuda_prefill_staged.r64s4, 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   10. total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   12. total_seq_len > 1704 and num_seqs <= 9 and mean_seq_len > 362: vllm_flashinfer_prefill (baseline), 18 workloads
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 36 and num_seqs <= 19: cuda_prefill_pool_rows.k8c8, 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 181 and num_seqs > 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. 36 < total_seq_len <= 399 and num_seqs <= 2: cuda_prefill_staged.r64s4, 7 workloads, 6.02x (3.35x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. 36 < total_seq_len <= 399 and 2 < num_seqs <= 19: cuda_prefill_pool_rows.k8c8, 26 workloads, 4.40x (2.08x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   5. 181 < total_seq_len <= 399 and num_seqs > 19: triton_prefill_fused.c16v64, 4 workloads, 1.84x (1.54x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. 399 < total_seq_len <= 6292 and 914 < mean_seq_len <= 2224: cuda_prefill_staged.r64s4, 2 workloads, 3.71x (3.53x .. 3.90x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 399 < total_seq_len <= 6845 and 90 < mean_seq_len <= 914: cuda_prefill_staged.r64s4, 27 workloads, 4.21x (1.99x .. 8.07x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 399 and mean_seq_len <= 90: cuda_prefill_staged.r64s4, 41 workloads, 2.44x (1.28x .. 7.88x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   9. total_seq_len > 399 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 6 workloads
-#   10. total_seq_len > 6292 and 914 < mean_seq_len <= 2896: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len > 6845 and 90 < mean_seq_len <= 724: flashinfer_direct, 12 workloads, 1.49x (1.23x .. 1.74x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 181 and num_seqs > 19: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.96x (3.62x .. 4.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 399 and num_seqs <= 19 and mean_seq_len <= 52: cuda_prefill_pool_rows.k8c8, 28 workloads, 5.99x (2.54x .. 15.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
+#   3. total_seq_len <= 399 and num_seqs <= 19 and mean_seq_len > 52: triton_prefill_fused.c16v32, 10 workloads, 7.32x (3.29x .. 10.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. 181 < total_seq_len <= 399 and num_seqs > 19: triton_prefill_fused.c16v64, 4 workloads, 2.13x (1.38x .. 2.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 399 < total_seq_len <= 554 and num_seqs <= 9: triton_prefill_fused.c16v32, 7 workloads, 5.39x (3.94x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. 399 < total_seq_len <= 1432 and num_seqs > 9: cuda_prefill_staged.r32s4, 25 workloads, 2.65x (1.48x .. 4.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   7. 554 < total_seq_len <= 2896 and num_seqs <= 9: cuda_prefill_staged.r32s4, 18 workloads, 5.31x (2.54x .. 8.28x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 1432 < total_seq_len <= 3120 and num_seqs > 9: cuda_prefill_staged.r64s4, 13 workloads, 2.43x (1.72x .. 3.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   9. total_seq_len > 3120 and num_seqs <= 3: vllm_flashinfer_prefill (baseline), 6 workloads
+#   10. total_seq_len > 3120 and 3 < num_seqs <= 5: cuda_prefill_staged.r32s4, 4 workloads, 2.73x (1.97x .. 3.75x) over vllm_flashinfer_prefill
+#   11. total_seq_len > 3120 and 5 < num_seqs <= 200 and mean_seq_len <= 331: cuda_prefill_staged.r32s4, 7 workloads, 2.05x (1.62x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   12. total_seq_len > 3120 and num_seqs > 5 and 331 < mean_seq_len <= 683: flashinfer_direct, 6 workloads, 1.61x (1.43x .. 1.94x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len > 3120 and num_seqs > 5 and mean_seq_len > 683: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   14. total_seq_len > 3120 and num_seqs > 200 and mean_seq_len <= 331: flashinfer_direct, 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (1.36, 6.07, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 362), 'num_seqs': (None, 13), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.97, 4.53, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.23, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 1704)}, 'workloads': 6, 'speedup': (1.05, 1.37, 1.83), 'fallbacks': ()},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 362), 'num_seqs': (None, 13), 'total_seq_len': (75, None)}, 'workloads': 35, 'speedup': (1.04, 2.91, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (13, 33), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (33, None), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.19, 1.37, 1.51), 'fallbacks': ()},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (13, None), 'total_seq_len': (557, None)}, 'workloads': 20, 'speedup': (1.03, 1.22, 1.5), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (13, None), 'total_seq_len': (557, None)}, 'workloads': 21, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 13), 'total_seq_len': (1704, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 7), 'num_seqs': (None, 9), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (1.36, 5.61, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (7, 362), 'num_seqs': (None, 9), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.96, 4.51, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 3, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 17), 'total_seq_len': (None, 399)}, 'workloads': 9, 'speedup': (1.06, 1.1, 1.14), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (17, None), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (1.23, 1.33, 1.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (None, 1704)}, 'workloads': 6, 'speedup': (1.14, 1.49, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 72), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 15, 'speedup': (2.45, 4.01, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (72, 362), 'num_seqs': (None, 9), 'total_seq_len': (75, None)}, 'workloads': 19, 'speedup': (1.18, 2.5, 4.19), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'num_seqs': (9, 33), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.04, 1.08, 1.1), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (33, None), 'total_seq_len': (399, 557)}, 'workloads': 6, 'speedup': (1.19, 1.37, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 20, 'speedup': (1.03, 1.22, 1.5), 'fallbacks': ()},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, None), 'num_seqs': (9, None), 'total_seq_len': (557, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (362, None), 'num_seqs': (None, 9), 'total_seq_len': (1704, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 19), 'total_seq_len': (None, 36)}, 'workloads': 5, 'speedup': (6.99, 8.41, 10.01), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (2.74, 3.11, 3.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (36, 399)}, 'workloads': 7, 'speedup': (3.35, 6.02, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (2, 19), 'total_seq_len': (36, 399)}, 'workloads': 26, 'speedup': (2.08, 4.4, 8.22), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (181, 399)}, 'workloads': 4, 'speedup': (1.54, 1.84, 2.1), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (914, 2224), 'total_seq_len': (399, 6292)}, 'workloads': 2, 'speedup': (3.53, 3.71, 3.9), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (90, 914), 'total_seq_len': (399, 6845)}, 'workloads': 27, 'speedup': (1.99, 4.21, 8.07), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 90), 'total_seq_len': (399, None)}, 'workloads': 41, 'speedup': (1.28, 2.44, 7.88), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'total_seq_len': (399, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (914, 2896), 'total_seq_len': (6292, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (90, 724), 'total_seq_len': (6845, None)}, 'workloads': 12, 'speedup': (1.23, 1.49, 1.74), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (None, 181)}, 'workloads': 5, 'speedup': (3.62, 3.96, 4.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 52), 'num_seqs': (None, 19), 'total_seq_len': (None, 399)}, 'workloads': 28, 'speedup': (2.54, 5.99, 15.3), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (52, None), 'num_seqs': (None, 19), 'total_seq_len': (None, 399)}, 'workloads': 10, 'speedup': (3.29, 7.32, 10.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (19, None), 'total_seq_len': (181, 399)}, 'workloads': 4, 'speedup': (1.38, 2.13, 2.75), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (399, 554)}, 'workloads': 7, 'speedup': (3.94, 5.39, 9.54), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (9, None), 'total_seq_len': (399, 1432)}, 'workloads': 25, 'speedup': (1.48, 2.65, 4.58), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 9), 'total_seq_len': (554, 2896)}, 'workloads': 18, 'speedup': (2.54, 5.31, 8.28), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (9, None), 'total_seq_len': (1432, 3120)}, 'workloads': 13, 'speedup': (1.72, 2.43, 3.51), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 3), 'total_seq_len': (3120, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (3, 5), 'total_seq_len': (3120, None)}, 'workloads': 4, 'speedup': (1.97, 2.73, 3.75), 'fallbacks': ()},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (5, 200), 'total_seq_len': (3120, None)}, 'workloads': 7, 'speedup': (1.62, 2.05, 2.45), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (331, 683), 'num_seqs': (5, None), 'total_seq_len': (3120, None)}, 'workloads': 6, 'speedup': (1.43, 1.61, 1.94), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (683, None), 'num_seqs': (5, None), 'total_seq_len': (3120, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 331), 'num_seqs': (200, None), 'total_seq_len': (3120, None)}, 'workloads': 4, 'speedup': (1.24, 1.37, 1.45), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -107,71 +121,83 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 6.07x (1.36x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 13 and mean_seq_len <= 7:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 5 workloads, 4.53x (2.97x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 13 and 7 < mean_seq_len <= 362:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 1: 5 workloads, 5.61x (1.36x .. 8.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 9 and mean_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 5 workloads, 4.51x (2.96x .. 6.86x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and num_seqs <= 9 and 7 < mean_seq_len <= 362:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
     # region 3: 9 workloads, 1.10x (1.06x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 399 and 13 < num_seqs <= 17:
+    if total_seq_len <= 399 and 9 < num_seqs <= 17:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
     # region 4: 10 workloads, 1.33x (1.23x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len <= 399 and num_seqs > 17:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 5: 6 workloads, 1.37x (1.05x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1704 and num_seqs <= 13 and mean_seq_len > 362:
-        return 'cuda_prefill_staged.r64s4'
-    # region 6: 35 workloads, 2.91x (1.04x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 75 and num_seqs <= 13 and mean_seq_len <= 362:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 7: 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 557 and 13 < num_seqs <= 33:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 5: 6 workloads, 1.49x (1.14x .. 1.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 9 and mean_seq_len > 362:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 15 workloads, 4.01x (2.45x .. 5.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 9 and mean_seq_len <= 72:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
+    # region 7: 19 workloads, 2.50x (1.18x .. 4.19x) over vllm_flashinfer_prefill
+    if total_seq_len > 75 and num_seqs <= 9 and 72 < mean_seq_len <= 362:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 6 workloads, 1.08x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 557 and 9 < num_seqs <= 33:
         return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
+    # region 9: 6 workloads, 1.37x (1.19x .. 1.51x) over vllm_flashinfer_prefill
     if 399 < total_seq_len <= 557 and num_seqs > 33:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 557 and num_seqs > 9 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 9: 20 workloads, 1.22x (1.03x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len > 557 and num_seqs > 13 and mean_seq_len <= 45:
-        return 'cuda_prefill_staged.r64s4'
-    # region 10: 21 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 557 and num_seqs > 13 and mean_seq_len > 45:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 22 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 557 and num_seqs > 9 and mean_seq_len > 45:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 8.41x (6.99x .. 10.01x) over vllm_flashinfer_prefill
-    if total_seq_len <= 36 and num_seqs <= 19:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 5 workloads, 3.11x (2.74x .. 3.66x) over vllm_flashinfer_prefill
+    # region 1: 5 workloads, 3.96x (3.62x .. 4.36x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and num_seqs > 19:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 7 workloads, 6.02x (3.35x .. 8.76x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 399 and num_seqs <= 2:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 26 workloads, 4.40x (2.08x .. 8.22x) over vllm_flashinfer_prefill
-    if 36 < total_seq_len <= 399 and 2 < num_seqs <= 19:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 4 workloads, 1.84x (1.54x .. 2.10x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 28 workloads, 5.99x (2.54x .. 15.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and num_seqs <= 19 and mean_seq_len <= 52:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 10 workloads, 7.32x (3.29x .. 10.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 399 and num_seqs <= 19 and mean_seq_len > 52:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 4: 4 workloads, 2.13x (1.38x .. 2.75x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 399 and num_seqs > 19:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 6: 2 workloads, 3.71x (3.53x .. 3.90x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 6292 and 914 < mean_seq_len <= 2224:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 27 workloads, 4.21x (1.99x .. 8.07x) over vllm_flashinfer_prefill
-    if 399 < total_seq_len <= 6845 and 90 < mean_seq_len <= 914:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 41 workloads, 2.44x (1.28x .. 7.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 399 and mean_seq_len <= 90:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 6292 and 914 < mean_seq_len <= 2896:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 12 workloads, 1.49x (1.23x .. 1.74x) over vllm_flashinfer_prefill
-    if total_seq_len > 6845 and 90 < mean_seq_len <= 724:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 5: 7 workloads, 5.39x (3.94x .. 9.54x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 554 and num_seqs <= 9:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 25 workloads, 2.65x (1.48x .. 4.58x) over vllm_flashinfer_prefill
+    if 399 < total_seq_len <= 1432 and num_seqs > 9:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 18 workloads, 5.31x (2.54x .. 8.28x) over vllm_flashinfer_prefill
+    if 554 < total_seq_len <= 2896 and num_seqs <= 9:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 13 workloads, 2.43x (1.72x .. 3.51x) over vllm_flashinfer_prefill
+    if 1432 < total_seq_len <= 3120 and num_seqs > 9:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 4 workloads, 2.73x (1.97x .. 3.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and 3 < num_seqs <= 5:
+        return 'cuda_prefill_staged.r32s4'
+    # region 11: 7 workloads, 2.05x (1.62x .. 2.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and 5 < num_seqs <= 200 and mean_seq_len <= 331:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 12: 6 workloads, 1.61x (1.43x .. 1.94x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and num_seqs > 5 and 331 < mean_seq_len <= 683:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3120 and num_seqs > 5 and mean_seq_len > 683:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 14: 4 workloads, 1.37x (1.24x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and num_seqs > 200 and mean_seq_len <= 331:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -181,175 +207,215 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 26.00% mean, 881.98% max;
-#             1.217x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 7.45% mean, 128.30% max;
-#             2.725x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 25.23% mean, 773.47% max;
+#             1.224x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.86% mean, 106.04% max;
+#             2.958x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 22 and num_seqs <= 19 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.50x (8.39x .. 8.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 51 and num_seqs <= 2 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 1 workloads, 9.82x (9.82x .. 9.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8
-#   4. total_seq_len <= 51 and num_seqs <= 19 and 21 < max_seq_len <= 495: triton_prefill_fused.c16v32, 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   5. total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len > 5 and 8 < max_seq_len <= 21: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 51 and 2 < num_seqs <= 19 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 724 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469: flashinfer_direct, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081: cuda_prefill_staged.r64s4, 8 workloads, 1.51x (1.07x .. 1.83x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 2862 and num_seqs <= 11 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   11. total_seq_len <= 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491: cuda_prefill_staged.r64s4, 2 workloads, 1.33x (1.05x .. 1.68x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r64s4, 2 workloads, 1.06x (1.05x .. 1.06x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 469: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-#   15. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   16. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   17. 19 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   18. 19 < num_seqs <= 62 and mean_seq_len <= 2 and 16 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8
-#   19. num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-#   20. num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 4 workloads, 1.63x (1.61x .. 1.64x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   21. num_seqs > 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
-#   22. 22 < total_seq_len <= 51 and num_seqs <= 19 and 2 < max_seq_len <= 8: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 51 < total_seq_len <= 724 and num_seqs <= 19 and 316 < max_seq_len <= 495: cuda_prefill_staged.r64s4, 3 workloads, 1.76x (1.06x .. 2.55x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 51 and num_seqs <= 5 and max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.86x (5.37x .. 6.91x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   25. total_seq_len > 51 and num_seqs <= 5 and 41 < max_seq_len <= 316: flashinfer_direct, 16 workloads, 3.07x (2.07x .. 4.25x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32
-#   26. total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 21: triton_prefill_fused.c16v64, 7 workloads, 1.63x (1.16x .. 6.98x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   27. total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 316: flashinfer_direct, 19 workloads, 2.16x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   28. 724 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   29. total_seq_len > 724 and num_seqs <= 19 and 316 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 2.43x (2.09x .. 2.81x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   30. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081: flashinfer_direct, 3 workloads, 2.39x (1.78x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   32. 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   33. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and 1491 < max_seq_len <= 2304: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   34. 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and max_seq_len > 2304: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   35. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   37. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   38. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   39. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   40. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   41. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 639 < max_seq_len <= 1491: vllm_flashinfer_prefill (baseline), 0 workloads
-#   42. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   43. total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   44. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   45. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   46. total_seq_len > 5258 and num_seqs <= 11 and 1491 < max_seq_len <= 3402: flashinfer_direct, 2 workloads, 1.35x (1.34x .. 1.36x) over vllm_flashinfer_prefill's guarded call; then vllm_flashinfer_prefill.cp_off; engine plugins keep the engine's kernel (`hand_back`)
-#   47. total_seq_len > 5258 and num_seqs <= 11 and max_seq_len > 3402: vllm_flashinfer_prefill (baseline), 9 workloads
-#   48. total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   49. total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   50. total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   1. total_seq_len <= 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   2. total_seq_len <= 181 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.06x (4.53x .. 5.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   3. total_seq_len <= 181 and num_seqs <= 5 and 41 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 6 workloads, 3.30x (2.77x .. 3.90x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
+#   4. total_seq_len <= 557 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r32s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770: cuda_prefill_staged.r32s4, 4 workloads, 1.83x (1.62x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
+#   7. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491: cuda_prefill_staged.r32s4, 7 workloads, 1.52x (1.14x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   9. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   10. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+#   11. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   13. total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   14. total_seq_len <= 5258 and 2 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 0 workloads
+#   15. total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   16. num_seqs <= 2 and mean_seq_len <= 1448 and max_seq_len > 1491: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
+#   17. num_seqs <= 2 and mean_seq_len > 1448 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   18. num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   19. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
+#   20. 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   21. 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 5 < num_seqs <= 19 and 21 < max_seq_len <= 226: flashinfer_direct, 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   23. 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
+#   25. 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8
+#   26. num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+#   27. num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
+#   28. num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   29. total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   30. total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136: flashinfer_direct, 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   31. total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   32. 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+#   33. total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   34. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   35. total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770: flashinfer_direct, 1 workloads, 2.57x (2.57x .. 2.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   36. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   39. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   40. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   41. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   42. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 639 < max_seq_len <= 1491: vllm_flashinfer_prefill (baseline), 0 workloads
+#   43. total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   44. total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420: cuda_prefill_staged.r64s4, 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   45. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   46. total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64
+#   47. 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   49. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947: cuda_prefill_staged.r32s4, 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   50. total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64
+#   51. total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   52. total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   53. total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   54. total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 66 and num_seqs > 13 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 4.09x (3.66x .. 4.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 66 and num_seqs > 13 and 5 < max_seq_len <= 17: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   3. total_seq_len <= 362 and num_seqs <= 13 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   4. total_seq_len <= 362 and num_seqs <= 13 and 2 < max_seq_len <= 74: cuda_prefill_pool_rows.k8c8, 15 workloads, 6.49x (4.08x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 362 and num_seqs <= 13 and 74 < max_seq_len <= 109: cuda_prefill_staged.r64s4, 3 workloads, 7.08x (5.92x .. 8.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   6. total_seq_len <= 362 and num_seqs <= 13 and 109 < max_seq_len <= 125: cuda_prefill_pool_rows.k8c8, 2 workloads, 4.56x (3.54x .. 5.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 362 and num_seqs <= 13 and max_seq_len > 125: cuda_prefill_staged.r64s4, 7 workloads, 4.68x (2.92x .. 7.80x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 362 and num_seqs > 22 and 17 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 4048 and 13 < num_seqs <= 22 and 17 < max_seq_len <= 41: cuda_prefill_pool_rows.k8c8, 3 workloads, 3.37x (3.10x .. 3.56x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 4048 and num_seqs > 13 and max_seq_len > 41: cuda_prefill_staged.r64s4, 29 workloads, 2.40x (1.72x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. 66 < total_seq_len <= 1448 and num_seqs > 13 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 16 workloads, 2.94x (2.15x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 362 < total_seq_len <= 4048 and num_seqs <= 13: cuda_prefill_staged.r64s4, 27 workloads, 4.62x (1.99x .. 8.07x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 362 < total_seq_len <= 4048 and num_seqs > 22 and 17 < max_seq_len <= 41: cuda_prefill_staged.r64s4, 4 workloads, 3.16x (2.59x .. 3.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 1448 < total_seq_len <= 4048 and num_seqs > 13 and max_seq_len <= 17: cuda_prefill_staged.r64s4, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 4048 < total_seq_len <= 6292 and mean_seq_len > 331 and 1100 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 1 workloads, 3.53x (3.53x .. 3.53x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 4048 < total_seq_len <= 10278 and mean_seq_len > 331 and max_seq_len <= 1100: cuda_prefill_staged.r64s4, 2 workloads, 2.73x (2.07x .. 3.62x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.95x (1.57x .. 2.55x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   18. total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
-#   19. total_seq_len > 4048 and num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 8 workloads
-#   20. total_seq_len > 4048 and mean_seq_len <= 914 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 5 workloads, 1.85x (1.65x .. 2.02x) over vllm_flashinfer_prefill
-#   21. total_seq_len > 4048 and num_seqs > 5 and 4093 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct
-#   22. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   23. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and max_seq_len > 16376: vllm_flashinfer_prefill (baseline), 0 workloads
-#   24. total_seq_len > 6292 and 331 < mean_seq_len <= 724 and 1100 < max_seq_len <= 4093: flashinfer_direct, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 6292 and mean_seq_len > 724 and 1100 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 2.66x (2.61x .. 2.71x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. total_seq_len > 10278 and mean_seq_len > 331 and max_seq_len <= 724: flashinfer_direct, 2 workloads, 1.48x (1.43x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 10278 and mean_seq_len > 331 and 724 < max_seq_len <= 1100: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len <= 724: flashinfer_direct, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 23170 and mean_seq_len <= 331 and 724 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 25 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 2 workloads, 6.34x (4.36x .. 9.23x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 25 and 2 < max_seq_len <= 47: cuda_prefill_pool_rows.k16c8, 3 workloads, 13.28x (9.73x .. 15.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 75 and mean_seq_len > 45 and 47 < max_seq_len <= 98: cuda_prefill_pool_rows.k16c8, 1 workloads, 12.00x (12.00x .. 12.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 90 and mean_seq_len <= 45 and max_seq_len > 47: cuda_prefill_pool_rows.k16c8, 2 workloads, 6.73x (5.08x .. 8.91x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 362 and mean_seq_len > 45 and 98 < max_seq_len <= 224: triton_prefill_fused.c16v32, 5 workloads, 7.28x (3.29x .. 9.69x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 362 and mean_seq_len > 45 and max_seq_len > 224: cuda_prefill_staged.r32s4, 2 workloads, 6.46x (5.04x .. 8.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 25 < total_seq_len <= 66 and max_seq_len <= 14: cuda_prefill_pool_rows.k4c8, 3 workloads, 4.37x (4.02x .. 4.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   8. 25 < total_seq_len <= 66 and 14 < max_seq_len <= 47: cuda_prefill_pool_rows.k16c8, 3 workloads, 10.60x (9.05x .. 14.09x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 66 < total_seq_len <= 181 and max_seq_len <= 17: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.92x (3.62x .. 8.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 66 < total_seq_len <= 181 and 17 < max_seq_len <= 47: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.89x (4.68x .. 13.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 75 < total_seq_len <= 362 and mean_seq_len > 45 and 47 < max_seq_len <= 98: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.19x (6.09x .. 11.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 90 < total_seq_len <= 181 and mean_seq_len <= 45 and 47 < max_seq_len <= 104: cuda_prefill_pool_rows.k8c8, 3 workloads, 4.95x (4.02x .. 7.38x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. 90 < total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len > 104: triton_prefill_fused.c16v32, 3 workloads, 4.58x (3.10x .. 8.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
+#   14. 181 < total_seq_len <= 724 and max_seq_len <= 47: cuda_prefill_pool_rows.k2c8, 14 workloads, 3.86x (2.32x .. 6.09x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   15. 181 < total_seq_len <= 3120 and num_seqs <= 45 and mean_seq_len <= 45 and 47 < max_seq_len <= 90: triton_prefill_fused.c16v64, 1 workloads, 4.48x (4.48x .. 4.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 181 < total_seq_len <= 3120 and num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 90: cuda_prefill_staged.r32s4, 7 workloads, 2.89x (2.11x .. 3.63x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   17. 181 < total_seq_len <= 3120 and 45 < num_seqs <= 133 and mean_seq_len <= 45 and max_seq_len > 47: cuda_prefill_staged.r32s4, 6 workloads, 2.33x (1.36x .. 3.01x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 181 < total_seq_len <= 3120 and num_seqs > 133 and mean_seq_len <= 45 and max_seq_len > 47: cuda_prefill_staged.r64s4, 4 workloads, 2.38x (1.78x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   19. 362 < total_seq_len <= 3120 and mean_seq_len > 45 and 47 < max_seq_len <= 239: triton_prefill_fused.c16v64, 10 workloads, 4.55x (2.62x .. 9.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 362 < total_seq_len <= 3120 and mean_seq_len > 45 and 239 < max_seq_len <= 529: cuda_prefill_staged.r32s4, 10 workloads, 4.84x (2.30x .. 7.87x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 362 < total_seq_len <= 3120 and mean_seq_len > 45 and 529 < max_seq_len <= 832: cuda_prefill_staged.r64s4, 4 workloads, 4.56x (2.18x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   22. 362 < total_seq_len <= 3120 and mean_seq_len > 45 and max_seq_len > 832: cuda_prefill_staged.r32s4, 11 workloads, 4.05x (1.83x .. 6.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   23. 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and max_seq_len <= 47: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.72x (2.37x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 724 < total_seq_len <= 1448 and mean_seq_len > 11 and max_seq_len <= 47: triton_prefill_fused.c16v64, 2 workloads, 3.34x (2.57x .. 4.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. 1448 < total_seq_len <= 3120 and max_seq_len <= 47: cuda_prefill_staged.r64s4, 3 workloads, 2.71x (2.58x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   26. 3120 < total_seq_len <= 11585 and num_seqs <= 90 and mean_seq_len <= 331 and max_seq_len <= 673: cuda_prefill_staged.r32s4, 3 workloads, 2.11x (1.89x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. 3120 < total_seq_len <= 11585 and num_seqs <= 90 and mean_seq_len <= 331 and 673 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. 3120 < total_seq_len <= 23170 and num_seqs > 90 and mean_seq_len <= 331 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 3 workloads, 1.98x (1.65x .. 2.39x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   29. total_seq_len > 3120 and num_seqs <= 5 and 4093 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
+#   30. total_seq_len > 3120 and num_seqs <= 5 and mean_seq_len > 331 and max_seq_len <= 4093: cuda_prefill_staged.r32s4, 2 workloads, 3.69x (3.64x .. 3.75x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 3120 and num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 8 workloads
+#   32. total_seq_len > 3120 and mean_seq_len <= 181 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 2 workloads, 1.82x (1.77x .. 1.86x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   33. total_seq_len > 3120 and 181 < mean_seq_len <= 914 and 4528 < max_seq_len <= 8168: cuda_prefill_staged.r32s4, 3 workloads, 2.00x (1.76x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   34. total_seq_len > 3120 and 181 < mean_seq_len <= 914 and max_seq_len > 8168: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
+#   35. total_seq_len > 3120 and 5 < num_seqs <= 11 and mean_seq_len > 331 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 3 workloads, 2.86x (2.49x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 3120 and num_seqs > 5 and 4093 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
+#   37. total_seq_len > 3120 and 11 < num_seqs <= 21 and mean_seq_len > 331 and max_seq_len <= 1100: cuda_prefill_staged.r64s4, 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 3120 and 11 < num_seqs <= 21 and mean_seq_len > 331 and 1100 < max_seq_len <= 4093: flashinfer_direct, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 3120 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
+#   40. total_seq_len > 3120 and num_seqs > 11 and mean_seq_len > 914 and max_seq_len > 16376: vllm_flashinfer_prefill (baseline), 0 workloads
+#   41. total_seq_len > 3120 and num_seqs > 21 and mean_seq_len > 331 and max_seq_len <= 724: flashinfer_direct, 2 workloads, 1.48x (1.43x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   42. total_seq_len > 3120 and num_seqs > 21 and mean_seq_len > 331 and 724 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   43. total_seq_len > 11585 and num_seqs <= 90 and mean_seq_len <= 331 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   44. total_seq_len > 23170 and num_seqs > 90 and mean_seq_len <= 331 and max_seq_len <= 724: flashinfer_direct, 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   45. total_seq_len > 23170 and num_seqs > 90 and mean_seq_len <= 331 and 724 < max_seq_len <= 4093: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 19), 'total_seq_len': (None, 22)}, 'workloads': 3, 'speedup': (8.39, 8.5, 8.64), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 2), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (9.82, 9.82, 9.82), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (None, 5), 'num_seqs': (None, 19), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 495), 'num_seqs': (None, 19), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (4.55, 4.55, 4.55), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (8, 21), 'mean_seq_len': (5, None), 'num_seqs': (None, 19), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (2, 19), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (449, 469), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 1081), 'num_seqs': (None, 11), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.07, 1.51, 1.83), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 2862)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1081, 1491), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.33, 1.68), 'fallbacks': ()},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.05, 1.06, 1.06), 'fallbacks': ()},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (469, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (19, 62)}, 'workloads': 2, 'speedup': (1.75, 1.94, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 449), 'mean_seq_len': (None, 2), 'num_seqs': (19, 62)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (2, 30), 'num_seqs': (19, None)}, 'workloads': 16, 'speedup': (1.09, 1.29, 1.48), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 4, 'speedup': (1.61, 1.63, 1.64), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (62, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ()},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (2, 8), 'num_seqs': (None, 19), 'total_seq_len': (22, 51)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (316, 495), 'num_seqs': (None, 19), 'total_seq_len': (51, 724)}, 'workloads': 3, 'speedup': (1.06, 1.76, 2.55), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 41), 'num_seqs': (None, 5), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (5.37, 5.86, 6.91), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 25, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (41, 316), 'num_seqs': (None, 5), 'total_seq_len': (51, None)}, 'workloads': 16, 'speedup': (2.07, 3.07, 4.25), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32')},
-    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 7, 'speedup': (1.16, 1.63, 6.98), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 316), 'num_seqs': (5, 19), 'total_seq_len': (51, None)}, 'workloads': 19, 'speedup': (1.05, 2.16, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 469), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (724, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (316, 495), 'num_seqs': (None, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.09, 2.43, 2.81), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 31, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 1081), 'num_seqs': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 3, 'speedup': (1.78, 2.39, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2862, 5258)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1491, 2304), 'num_seqs': (2, 11), 'total_seq_len': (2862, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2304, None), 'num_seqs': (2, 11), 'total_seq_len': (2862, 5258)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1081, 1491), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 639), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, 1491), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (30, 45), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (30, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (45, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1491, 3402), 'num_seqs': (None, 11), 'total_seq_len': (5258, None)}, 'workloads': 2, 'speedup': (1.34, 1.35, 1.36), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',), 'hand_back': True},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3402, None), 'num_seqs': (None, 11), 'total_seq_len': (5258, None)}, 'workloads': 9, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 49, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (21, 41), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (4.53, 5.06, 5.36), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 495), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (2.77, 3.3, 3.9), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.11, 2.22, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 770), 'num_seqs': (None, 11), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.62, 1.83, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (770, 1491), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 7, 'speedup': (1.14, 1.52, 2.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
+    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (2, 7), 'total_seq_len': (None, 5258)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (7, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (6.86, 6.86, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 11)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, 19)}, 'workloads': 2, 'speedup': (1.34, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 226), 'num_seqs': (5, 19)}, 'workloads': 17, 'speedup': (1.05, 2.02, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (5, 19)}, 'workloads': 5, 'speedup': (1.16, 1.78, 7.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 449), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (2, 30), 'num_seqs': (19, None)}, 'workloads': 16, 'speedup': (1.09, 1.29, 1.48), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 5, 'speedup': (1.61, 1.66, 1.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 136), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (3.05, 3.57, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (136, 495), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 8, 'speedup': (2.15, 2.61, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (557, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.81, 3.47, 4.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 770), 'num_seqs': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (2.57, 2.57, 2.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (770, 1491), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, 639), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (639, 1491), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 44, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (30, 45), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.13, 1.14, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (30, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 5420), 'mean_seq_len': (45, None), 'num_seqs': (39, None), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 47, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, 11165)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 3), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 49, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2712, 3947), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 1, 'speedup': (1.44, 1.44, 1.44), 'fallbacks': (), 'hand_back': True},
+    {'region': 50, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3947, None), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (5258, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (495, 639), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (639, 901), 'num_seqs': (11, 19), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 54, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (3, 11), 'total_seq_len': (11165, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4'), 'hand_back': True},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (13, None), 'total_seq_len': (None, 66)}, 'workloads': 2, 'speedup': (3.66, 4.09, 4.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 17), 'num_seqs': (13, None), 'total_seq_len': (None, 66)}, 'workloads': 1, 'speedup': (3.48, 3.48, 3.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 1, 'speedup': (10.31, 10.31, 10.31), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (2, 74), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 15, 'speedup': (4.08, 6.49, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (74, 109), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (5.92, 7.08, 8.76), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (109, 125), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (3.54, 4.56, 5.87), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (125, None), 'num_seqs': (None, 13), 'total_seq_len': (None, 362)}, 'workloads': 7, 'speedup': (2.92, 4.68, 7.8), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 41), 'num_seqs': (22, None), 'total_seq_len': (None, 362)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 41), 'num_seqs': (13, 22), 'total_seq_len': (None, 4048)}, 'workloads': 3, 'speedup': (3.1, 3.37, 3.56), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (41, None), 'num_seqs': (13, None), 'total_seq_len': (None, 4048)}, 'workloads': 29, 'speedup': (1.72, 2.4, 3.99), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (13, None), 'total_seq_len': (66, 1448)}, 'workloads': 16, 'speedup': (2.15, 2.94, 4.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 13), 'total_seq_len': (362, 4048)}, 'workloads': 27, 'speedup': (1.99, 4.62, 8.07), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (17, 41), 'num_seqs': (22, None), 'total_seq_len': (362, 4048)}, 'workloads': 4, 'speedup': (2.59, 3.16, 3.7), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 17), 'num_seqs': (13, None), 'total_seq_len': (1448, 4048)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (331, None), 'total_seq_len': (4048, 6292)}, 'workloads': 1, 'speedup': (3.53, 3.53, 3.53), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1100), 'mean_seq_len': (331, None), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (2.07, 2.73, 3.62), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (None, 331), 'total_seq_len': (4048, 23170)}, 'workloads': 7, 'speedup': (1.57, 1.95, 2.55), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 18, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.72, 1.72, 1.72), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16'), 'hand_back': True},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (914, None), 'num_seqs': (None, 11), 'total_seq_len': (4048, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 914), 'total_seq_len': (4048, None)}, 'workloads': 5, 'speedup': (1.65, 1.85, 2.02), 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (5, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 16376), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16376, None), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (331, 724), 'total_seq_len': (6292, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (724, None), 'total_seq_len': (6292, None)}, 'workloads': 2, 'speedup': (2.61, 2.66, 2.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (331, None), 'total_seq_len': (10278, None)}, 'workloads': 2, 'speedup': (1.43, 1.48, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 1100), 'mean_seq_len': (331, None), 'total_seq_len': (10278, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 331), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 4093), 'mean_seq_len': (None, 331), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (4.36, 6.34, 9.23), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 47), 'total_seq_len': (None, 25)}, 'workloads': 3, 'speedup': (9.73, 13.28, 15.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (47, 98), 'mean_seq_len': (45, None), 'total_seq_len': (None, 75)}, 'workloads': 1, 'speedup': (12.0, 12.0, 12.0), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (47, None), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (5.08, 6.73, 8.91), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (98, 224), 'mean_seq_len': (45, None), 'total_seq_len': (None, 362)}, 'workloads': 5, 'speedup': (3.29, 7.28, 9.69), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (224, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (5.04, 6.46, 8.28), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 14), 'total_seq_len': (25, 66)}, 'workloads': 3, 'speedup': (4.02, 4.37, 4.65), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (14, 47), 'total_seq_len': (25, 66)}, 'workloads': 3, 'speedup': (9.05, 10.6, 14.09), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 17), 'total_seq_len': (66, 181)}, 'workloads': 5, 'speedup': (3.62, 4.92, 8.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (17, 47), 'total_seq_len': (66, 181)}, 'workloads': 2, 'speedup': (4.68, 7.89, 13.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (47, 98), 'mean_seq_len': (45, None), 'total_seq_len': (75, 362)}, 'workloads': 2, 'speedup': (6.09, 8.19, 11.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (47, 104), 'mean_seq_len': (None, 45), 'total_seq_len': (90, 181)}, 'workloads': 3, 'speedup': (4.02, 4.95, 7.38), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, None), 'mean_seq_len': (None, 45), 'total_seq_len': (90, 181)}, 'workloads': 3, 'speedup': (3.1, 4.58, 8.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 47), 'total_seq_len': (181, 724)}, 'workloads': 14, 'speedup': (2.32, 3.86, 6.09), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (47, 90), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45), 'total_seq_len': (181, 3120)}, 'workloads': 1, 'speedup': (4.48, 4.48, 4.48), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (90, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 45), 'total_seq_len': (181, 3120)}, 'workloads': 7, 'speedup': (2.11, 2.89, 3.63), 'fallbacks': ('triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (47, None), 'mean_seq_len': (None, 45), 'num_seqs': (45, 133), 'total_seq_len': (181, 3120)}, 'workloads': 6, 'speedup': (1.36, 2.33, 3.01), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (47, None), 'mean_seq_len': (None, 45), 'num_seqs': (133, None), 'total_seq_len': (181, 3120)}, 'workloads': 4, 'speedup': (1.78, 2.38, 3.19), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (47, 239), 'mean_seq_len': (45, None), 'total_seq_len': (362, 3120)}, 'workloads': 10, 'speedup': (2.62, 4.55, 9.6), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (239, 529), 'mean_seq_len': (45, None), 'total_seq_len': (362, 3120)}, 'workloads': 10, 'speedup': (2.3, 4.84, 7.87), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (529, 832), 'mean_seq_len': (45, None), 'total_seq_len': (362, 3120)}, 'workloads': 4, 'speedup': (2.18, 4.56, 5.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (832, None), 'mean_seq_len': (45, None), 'total_seq_len': (362, 3120)}, 'workloads': 11, 'speedup': (1.83, 4.05, 6.55), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 47), 'mean_seq_len': (None, 11), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (2.37, 2.72, 3.12), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 47), 'mean_seq_len': (11, None), 'total_seq_len': (724, 1448)}, 'workloads': 2, 'speedup': (2.57, 3.34, 4.34), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 47), 'total_seq_len': (1448, 3120)}, 'workloads': 3, 'speedup': (2.58, 2.71, 2.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 673), 'mean_seq_len': (None, 331), 'num_seqs': (None, 90), 'total_seq_len': (3120, 11585)}, 'workloads': 3, 'speedup': (1.89, 2.11, 2.45), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (673, 4093), 'mean_seq_len': (None, 331), 'num_seqs': (None, 90), 'total_seq_len': (3120, 11585)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (None, 331), 'num_seqs': (90, None), 'total_seq_len': (3120, 23170)}, 'workloads': 3, 'speedup': (1.65, 1.98, 2.39), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 29, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 5), 'total_seq_len': (3120, None)}, 'workloads': 1, 'speedup': (1.72, 1.72, 1.72), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16'), 'hand_back': True},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (331, None), 'num_seqs': (None, 5), 'total_seq_len': (3120, None)}, 'workloads': 2, 'speedup': (3.64, 3.69, 3.75), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (914, None), 'num_seqs': (None, 11), 'total_seq_len': (3120, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 181), 'total_seq_len': (3120, None)}, 'workloads': 2, 'speedup': (1.77, 1.82, 1.86), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4528, 8168), 'mean_seq_len': (181, 914), 'total_seq_len': (3120, None)}, 'workloads': 3, 'speedup': (1.76, 2.0, 2.16), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (8168, None), 'mean_seq_len': (181, 914), 'total_seq_len': (3120, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (331, None), 'num_seqs': (5, 11), 'total_seq_len': (3120, None)}, 'workloads': 3, 'speedup': (2.49, 2.86, 3.62), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (5, None), 'total_seq_len': (3120, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1100), 'mean_seq_len': (331, None), 'num_seqs': (11, 21), 'total_seq_len': (3120, None)}, 'workloads': 1, 'speedup': (2.07, 2.07, 2.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1100, 4093), 'mean_seq_len': (331, None), 'num_seqs': (11, 21), 'total_seq_len': (3120, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 16376), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (3120, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16376, None), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (3120, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 41, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (331, None), 'num_seqs': (21, None), 'total_seq_len': (3120, None)}, 'workloads': 2, 'speedup': (1.43, 1.48, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 4093), 'mean_seq_len': (331, None), 'num_seqs': (21, None), 'total_seq_len': (3120, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 43, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'mean_seq_len': (None, 331), 'num_seqs': (None, 90), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 44, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 331), 'num_seqs': (90, None), 'total_seq_len': (23170, None)}, 'workloads': 1, 'speedup': (1.24, 1.24, 1.24), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 45, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (724, 4093), 'mean_seq_len': (None, 331), 'num_seqs': (90, None), 'total_seq_len': (23170, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -358,253 +424,317 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.50x (8.39x .. 8.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 22 and num_seqs <= 19 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 1 workloads, 9.82x (9.82x .. 9.82x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs <= 2 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len <= 5 and 8 < max_seq_len <= 21:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 1 workloads, 4.55x (4.55x .. 4.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs <= 19 and 21 < max_seq_len <= 495:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 19 and mean_seq_len > 5 and 8 < max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and 2 < num_seqs <= 19 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 7: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 8: 8 workloads, 1.51x (1.07x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    # region 1: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 3 workloads, 5.06x (4.53x .. 5.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 5 and 21 < max_seq_len <= 41:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 3: 6 workloads, 3.30x (2.77x .. 3.90x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs <= 5 and 41 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill
+    if total_seq_len <= 557 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 4 workloads, 1.83x (1.62x .. 1.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2862 and num_seqs <= 11 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 2 workloads, 1.33x (1.05x .. 1.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491:
-        return 'cuda_prefill_staged.r64s4'
-    # region 12: 2 workloads, 1.06x (1.05x .. 1.06x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 7 workloads, 1.52x (1.14x .. 2.03x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
-        return 'cuda_prefill_staged.r64s4'
-    # region 13: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 469:
-        return 'cuda_prefill_staged.r64s4'
-    # region 14: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 15: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    # region 11: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    # region 12: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856:
         return 'cuda_prefill_staged.r64s4'
-    # region 17: 2 workloads, 1.94x (1.75x .. 2.16x) over vllm_flashinfer_prefill
-    if 19 < num_seqs <= 62 and mean_seq_len <= 2 and max_seq_len <= 16:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 18: 0 workloads, by estimated times (no measured workload in it)
-    if 19 < num_seqs <= 62 and mean_seq_len <= 2 and 16 < max_seq_len <= 449:
-        return ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+    # region 13: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+        return 'cuda_prefill_staged.r32s4'
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 2 and mean_seq_len <= 1448 and max_seq_len > 1491:
+        return 'cuda_prefill_staged.r32s4'
+    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 2 and mean_seq_len > 1448 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
+    if num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 19: 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    if 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill
+    if 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 22: 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 19 and 21 < max_seq_len <= 226:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 23: 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill
+    if 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
+    if 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    if 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
     if num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449:
         return 'cuda_prefill_staged.r64s4'
-    # region 20: 4 workloads, 1.63x (1.61x .. 1.64x) over vllm_flashinfer_prefill
-    if num_seqs > 62 and mean_seq_len <= 2 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
-    if num_seqs > 62 and mean_seq_len <= 2 and 11 < max_seq_len <= 449:
+    # region 27: 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill
+    if num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
+    if num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 30: 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
+    # region 31: 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 32: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+    if 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449:
         return 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 51 and num_seqs <= 19 and 2 < max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 23: 3 workloads, 1.76x (1.06x .. 2.55x) over vllm_flashinfer_prefill
-    if 51 < total_seq_len <= 724 and num_seqs <= 19 and 316 < max_seq_len <= 495:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 3 workloads, 5.86x (5.37x .. 6.91x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and num_seqs <= 5 and max_seq_len <= 41:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 25: 16 workloads, 3.07x (2.07x .. 4.25x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and num_seqs <= 5 and 41 < max_seq_len <= 316:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32') if inside else 'flashinfer_direct'
-    # region 26: 7 workloads, 1.63x (1.16x .. 6.98x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and max_seq_len <= 21:
-        return ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 27: 19 workloads, 2.16x (1.05x .. 5.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 51 and 5 < num_seqs <= 19 and 21 < max_seq_len <= 316:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 28: 0 workloads, by estimated times (no measured workload in it)
-    if 724 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 469:
-        return 'cuda_prefill_staged.r64s4'
-    # region 29: 2 workloads, 2.43x (2.09x .. 2.81x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and num_seqs <= 19 and 316 < max_seq_len <= 495:
+    # region 33: 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 30: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 34: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
         return 'flashinfer_direct'
-    # region 31: 3 workloads, 2.39x (1.78x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 1081:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 32: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 2862 < total_seq_len <= 5258 and num_seqs <= 2 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and 1491 < max_seq_len <= 2304:
-        return 'cuda_prefill_staged.r64s4'
-    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and max_seq_len > 2304:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
+    # region 35: 1 workloads, 2.57x (2.57x .. 2.57x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs <= 11 and 1081 < max_seq_len <= 1491:
+    # region 37: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 37: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550:
         return 'flashinfer_direct'
-    # region 39: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 40: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and 449 < max_seq_len <= 639:
         return 'cuda_prefill_staged.r64s4'
-    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 1491:
         return 'cuda_prefill_staged.r64s4'
-    # region 43: 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    # region 44: 2 workloads, 1.14x (1.13x .. 1.14x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:
         return 'cuda_prefill_staged.r64s4'
-    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 45: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 30 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 4 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 46: 4 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 39 and mean_seq_len > 45 and max_seq_len <= 5420:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 2 workloads, 1.35x (1.34x .. 1.36x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5258 and num_seqs <= 11 and 1491 < max_seq_len <= 3402:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill's guarded call
+    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
     # region 48: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and 2 < num_seqs <= 3 and mean_seq_len > 362 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 49: 1 workloads, 1.44x (1.44x .. 1.44x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:
+        return 'cuda_prefill_staged.r32s4'
+    # region 50: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 3947:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 639:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 49: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 52: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 5792 and 11 < num_seqs <= 19 and 639 < max_seq_len <= 901:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 50: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 53: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 54: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
+        return ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
 
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 4.09x (3.66x .. 4.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 66 and num_seqs > 13 and max_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 1 workloads, 3.48x (3.48x .. 3.48x) over vllm_flashinfer_prefill
-    if total_seq_len <= 66 and num_seqs > 13 and 5 < max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 1 workloads, 10.31x (10.31x .. 10.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 13 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 15 workloads, 6.49x (4.08x .. 8.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 13 and 2 < max_seq_len <= 74:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 3 workloads, 7.08x (5.92x .. 8.76x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 13 and 74 < max_seq_len <= 109:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 2 workloads, 4.56x (3.54x .. 5.87x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 13 and 109 < max_seq_len <= 125:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 7 workloads, 4.68x (2.92x .. 7.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs <= 13 and max_seq_len > 125:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 362 and num_seqs > 22 and 17 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 3 workloads, 3.37x (3.10x .. 3.56x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and 13 < num_seqs <= 22 and 17 < max_seq_len <= 41:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 29 workloads, 2.40x (1.72x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4048 and num_seqs > 13 and max_seq_len > 41:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 16 workloads, 2.94x (2.15x .. 4.47x) over vllm_flashinfer_prefill
-    if 66 < total_seq_len <= 1448 and num_seqs > 13 and max_seq_len <= 17:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 27 workloads, 4.62x (1.99x .. 8.07x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 4048 and num_seqs <= 13:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 4 workloads, 3.16x (2.59x .. 3.70x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 4048 and num_seqs > 22 and 17 < max_seq_len <= 41:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4048 and num_seqs > 13 and max_seq_len <= 17:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 1 workloads, 3.53x (3.53x .. 3.53x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 6292 and mean_seq_len > 331 and 1100 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 2 workloads, 2.73x (2.07x .. 3.62x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 10278 and mean_seq_len > 331 and max_seq_len <= 1100:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 7 workloads, 1.95x (1.57x .. 2.55x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 23170 and mean_seq_len <= 331 and max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:
+    # region 1: 2 workloads, 6.34x (4.36x .. 9.23x) over vllm_flashinfer_prefill
+    if total_seq_len <= 25 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 3 workloads, 13.28x (9.73x .. 15.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 25 and 2 < max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 1 workloads, 12.00x (12.00x .. 12.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 75 and mean_seq_len > 45 and 47 < max_seq_len <= 98:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 2 workloads, 6.73x (5.08x .. 8.91x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and mean_seq_len <= 45 and max_seq_len > 47:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 5 workloads, 7.28x (3.29x .. 9.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len > 45 and 98 < max_seq_len <= 224:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 2 workloads, 6.46x (5.04x .. 8.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len > 45 and max_seq_len > 224:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 3 workloads, 4.37x (4.02x .. 4.65x) over vllm_flashinfer_prefill
+    if 25 < total_seq_len <= 66 and max_seq_len <= 14:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 3 workloads, 10.60x (9.05x .. 14.09x) over vllm_flashinfer_prefill
+    if 25 < total_seq_len <= 66 and 14 < max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 9: 5 workloads, 4.92x (3.62x .. 8.00x) over vllm_flashinfer_prefill
+    if 66 < total_seq_len <= 181 and max_seq_len <= 17:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 2 workloads, 7.89x (4.68x .. 13.31x) over vllm_flashinfer_prefill
+    if 66 < total_seq_len <= 181 and 17 < max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 11: 2 workloads, 8.19x (6.09x .. 11.01x) over vllm_flashinfer_prefill
+    if 75 < total_seq_len <= 362 and mean_seq_len > 45 and 47 < max_seq_len <= 98:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 12: 3 workloads, 4.95x (4.02x .. 7.38x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and mean_seq_len <= 45 and 47 < max_seq_len <= 104:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 13: 3 workloads, 4.58x (3.10x .. 8.70x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len > 104:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
+    # region 14: 14 workloads, 3.86x (2.32x .. 6.09x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 724 and max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 15: 1 workloads, 4.48x (4.48x .. 4.48x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3120 and num_seqs <= 45 and mean_seq_len <= 45 and 47 < max_seq_len <= 90:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 16: 7 workloads, 2.89x (2.11x .. 3.63x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3120 and num_seqs <= 45 and mean_seq_len <= 45 and max_seq_len > 90:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 6 workloads, 2.33x (1.36x .. 3.01x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3120 and 45 < num_seqs <= 133 and mean_seq_len <= 45 and max_seq_len > 47:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 4 workloads, 2.38x (1.78x .. 3.19x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3120 and num_seqs > 133 and mean_seq_len <= 45 and max_seq_len > 47:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 19: 10 workloads, 4.55x (2.62x .. 9.60x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3120 and mean_seq_len > 45 and 47 < max_seq_len <= 239:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 20: 10 workloads, 4.84x (2.30x .. 7.87x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3120 and mean_seq_len > 45 and 239 < max_seq_len <= 529:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 4 workloads, 4.56x (2.18x .. 5.94x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3120 and mean_seq_len > 45 and 529 < max_seq_len <= 832:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 11 workloads, 4.05x (1.83x .. 6.55x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 3120 and mean_seq_len > 45 and max_seq_len > 832:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 23: 2 workloads, 2.72x (2.37x .. 3.12x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1448 and mean_seq_len <= 11 and max_seq_len <= 47:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 24: 2 workloads, 3.34x (2.57x .. 4.34x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 1448 and mean_seq_len > 11 and max_seq_len <= 47:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 3 workloads, 2.71x (2.58x .. 2.99x) over vllm_flashinfer_prefill
+    if 1448 < total_seq_len <= 3120 and max_seq_len <= 47:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 3 workloads, 2.11x (1.89x .. 2.45x) over vllm_flashinfer_prefill
+    if 3120 < total_seq_len <= 11585 and num_seqs <= 90 and mean_seq_len <= 331 and max_seq_len <= 673:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 27: 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill
+    if 3120 < total_seq_len <= 11585 and num_seqs <= 90 and mean_seq_len <= 331 and 673 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 3 workloads, 1.98x (1.65x .. 2.39x) over vllm_flashinfer_prefill
+    if 3120 < total_seq_len <= 23170 and num_seqs > 90 and mean_seq_len <= 331 and max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 1 workloads, 1.72x (1.72x .. 1.72x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 3120 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 20: 5 workloads, 1.85x (1.65x .. 2.02x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and mean_seq_len <= 914 and max_seq_len > 4528:
-        return 'cuda_prefill_staged.r64s4'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4048 and num_seqs > 5 and 4093 < max_seq_len <= 4528:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376:
-        return 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
-    if total_seq_len > 6292 and 331 < mean_seq_len <= 724 and 1100 < max_seq_len <= 4093:
+    # region 30: 2 workloads, 3.69x (3.64x .. 3.75x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and num_seqs <= 5 and mean_seq_len > 331 and max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 32: 2 workloads, 1.82x (1.77x .. 1.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and mean_seq_len <= 181 and max_seq_len > 4528:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 33: 3 workloads, 2.00x (1.76x .. 2.16x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and 181 < mean_seq_len <= 914 and 4528 < max_seq_len <= 8168:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3120 and 181 < mean_seq_len <= 914 and max_seq_len > 8168:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 3 workloads, 2.86x (2.49x .. 3.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and 5 < num_seqs <= 11 and mean_seq_len > 331 and max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3120 and num_seqs > 5 and 4093 < max_seq_len <= 4528:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 37: 1 workloads, 2.07x (2.07x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and 11 < num_seqs <= 21 and mean_seq_len > 331 and max_seq_len <= 1100:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 38: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and 11 < num_seqs <= 21 and mean_seq_len > 331 and 1100 < max_seq_len <= 4093:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 25: 2 workloads, 2.66x (2.61x .. 2.71x) over vllm_flashinfer_prefill
-    if total_seq_len > 6292 and mean_seq_len > 724 and 1100 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 2 workloads, 1.48x (1.43x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 10278 and mean_seq_len > 331 and max_seq_len <= 724:
+    # region 39: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3120 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 41: 2 workloads, 1.48x (1.43x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 3120 and num_seqs > 21 and mean_seq_len > 331 and max_seq_len <= 724:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 27: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 10278 and mean_seq_len > 331 and 724 < max_seq_len <= 1100:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
-    if total_seq_len > 23170 and mean_seq_len <= 331 and max_seq_len <= 724:
+    # region 42: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 3120 and num_seqs > 21 and mean_seq_len > 331 and 724 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 43: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs <= 90 and mean_seq_len <= 331 and max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 44: 1 workloads, 1.24x (1.24x .. 1.24x) over vllm_flashinfer_prefill
+    if total_seq_len > 23170 and num_seqs > 90 and mean_seq_len <= 331 and max_seq_len <= 724:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 23170 and mean_seq_len <= 331 and 724 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23170 and num_seqs > 90 and mean_seq_len <= 331 and 724 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 2862 < total_seq_len <= 5258 and 2 < num_seqs <= 11 and 1491 < max_seq_len <= 2304:  # region 33
+    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 15
         return True
-    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 43
+    if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 44
         return True
-    if total_seq_len > 5258 and num_seqs <= 11 and 1491 < max_seq_len <= 3402:  # region 46
+    if 5258 < total_seq_len <= 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 47
+        return True
+    if total_seq_len > 5258 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 2712 < max_seq_len <= 3947:  # region 49
+        return True
+    if total_seq_len > 11165 and 3 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 54
         return True
     return False
 
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:  # region 18
+    if total_seq_len > 3120 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:  # region 29
         return True
     return False

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T04:05:04Z
+# measured    up to 2026-12-01T05:59:54Z
 # workloads   141 (workload-set digest 06063359a8d29c83)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -14,15 +14,18 @@
 #   cuda_prefill_cp.p16             dffbd933664a25c8  5/5  0.57x
 #   cuda_prefill_cp.p4              647de52a3eb20d1c  5/5  0.68x
 #   cuda_prefill_cp.p8              f0718db216ee20b2  5/5  0.61x
-#   cuda_prefill_pool_rows.k16c8    416ee1218b1e5ad5  126/134  0.39x  [8 screened out]
-#   cuda_prefill_pool_rows.k2c8     b99448ef57b4cc86  126/134  0.43x  [8 screened out]
-#   cuda_prefill_pool_rows.k4c8     f46c6761f0f75d4c  126/134  0.43x  [8 screened out]
-#   cuda_prefill_pool_rows.k8c8     1841b00cc1c33650  126/134  0.44x  [8 screened out]
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  69/134  0.81x  [65 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  77/134  0.82x  [57 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  75/134  0.83x  [59 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  75/134  0.82x  [59 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  140/141  1.29x  [1 screened out]
 #   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  140/141  1.34x  [1 screened out]
 #   flashinfer_direct               755eb6578bd0a1f3  140/141  1.31x  [1 screened out]
-#   triton_prefill_chunked.v64      2a710645e644b88e  135/141  0.66x  [6 screened out]
-#   triton_prefill_fused.c16v32     49496897c400beaa  137/141  0.72x  [4 screened out]
-#   triton_prefill_fused.c16v64     75597a9a7123b24f  137/141  0.80x  [4 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  92/141  0.74x  [49 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  109/141  0.86x  [32 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  121/141  0.92x  [20 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  137/141  0.95x  [4 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  138/141  0.99x  [3 screened out]
 #   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  141/141  1.30x
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
@@ -32,76 +35,87 @@
 #   cuda_prefill_pool_rows.k2c8     cfg=(2, 64, 8)
 #   cuda_prefill_pool_rows.k4c8     cfg=(4, 32, 8)
 #   cuda_prefill_pool_rows.k8c8     cfg=(8, 16, 8)
+#   cuda_prefill_staged.r32s4       cfg=(2, 4)
 #   cuda_prefill_staged.r64s4       cfg=(4, 4)
 #   triton_prefill_chunked.v64      cfg=(64, 4)
 #   triton_prefill_fused.c16v32     cfg=(16, 32, 4)
 #   triton_prefill_fused.c16v64     cfg=(16, 64, 4)
+#   triton_prefill_staged.c16v32    cfg=(16, 32, 4)
+#   triton_prefill_staged.c16v64    cfg=(16, 64, 4)
 #   vllm_flashinfer_prefill.cp_off  use_cp=False
 # fit         threshold splits over total_seq_len, num_seqs, mean_seq_len; a variant replaces the baseline
 #             in a region only where it passed and was faster on every workload there by more than
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 7.35% mean, 70.81% max;
-#             1.195x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.83% mean, 251.57% max;
-#             2.339x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 7.89% mean, 70.72% max;
+#             1.197x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 14.61% mean, 120.56% max;
+#             2.442x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 31 and num_seqs <= 7: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct
+#   1. total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 326: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct
+#   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.19x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, flashinfer_direct
 #   3. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 2: flashinfer_direct, 9 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   4. 31 < total_seq_len <= 90 and num_seqs <= 7: triton_prefill_fused.c16v32, 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
-#   5. 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 326: cuda_prefill_staged.r64s4, 11 workloads, 1.64x (1.13x .. 2.93x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 326: flashinfer_direct, 17 workloads, 3.17x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
-#   7. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
-#   8. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   9. total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26: cuda_prefill_staged.r64s4, 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   11. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 326: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 326: cuda_prefill_staged.r32s4, 11 workloads, 1.74x (1.22x .. 2.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. 31 < total_seq_len <= 90 and num_seqs <= 7 and mean_seq_len <= 326: triton_prefill_fused.c16v32, 6 workloads, 4.29x (3.09x .. 6.32x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   6. total_seq_len > 90 and num_seqs <= 2 and mean_seq_len <= 326: cuda_prefill_staged.r32s4, 5 workloads, 2.71x (2.38x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   7. total_seq_len > 90 and 2 < num_seqs <= 5 and mean_seq_len <= 326: flashinfer_direct, 12 workloads, 3.43x (1.60x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   8. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90: vllm_flashinfer_prefill.cp_off, 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90: vllm_flashinfer_prefill (baseline), 15 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   10. total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26: cuda_prefill_staged.r64s4, 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   11. total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   12. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 326: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len <= 24: cuda_prefill_pool_rows.k8c8, 6 workloads, 7.98x (6.06x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   2. total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len > 24: cuda_prefill_pool_rows.k16c8, 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   3. total_seq_len <= 90 and 5 < num_seqs <= 29: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.67x (3.19x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   4. total_seq_len <= 236 and num_seqs > 29 and mean_seq_len <= 5: cuda_prefill_pool_rows.k4c8, 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   5. total_seq_len <= 724 and num_seqs > 29 and mean_seq_len > 5: flashinfer_direct, 6 workloads, 1.64x (1.46x .. 1.83x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   6. 90 < total_seq_len <= 181 and num_seqs <= 29: cuda_prefill_staged.r64s4, 10 workloads, 3.34x (1.52x .. 7.72x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len > 181 and num_seqs <= 29 and mean_seq_len <= 2896: cuda_prefill_staged.r64s4, 60 workloads, 3.27x (1.49x .. 7.43x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 181 and num_seqs <= 29 and mean_seq_len > 2896: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   9. 236 < total_seq_len <= 724 and num_seqs > 29 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 7 workloads, 2.41x (2.01x .. 2.97x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   10. 724 < total_seq_len <= 4635 and num_seqs > 116: cuda_prefill_staged.r64s4, 8 workloads, 2.24x (1.87x .. 2.66x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   11. total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len <= 191: cuda_prefill_staged.r64s4, 16 workloads, 2.14x (1.43x .. 3.31x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   12. total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len > 191: flashinfer_direct, 4 workloads, 1.26x (1.12x .. 1.40x) over vllm_flashinfer_prefill
-#   13. total_seq_len > 4635 and num_seqs > 116: flashinfer_direct, 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 90 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 3 workloads, 9.41x (6.21x .. 15.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 90 and 1 < num_seqs <= 14: cuda_prefill_pool_rows.k8c8, 8 workloads, 9.25x (4.67x .. 17.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 205 and 14 < num_seqs <= 25: cuda_prefill_pool_rows.k2c8, 7 workloads, 4.58x (3.09x .. 5.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   4. total_seq_len <= 724 and num_seqs > 25 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.16x (2.01x .. 5.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   5. total_seq_len <= 724 and num_seqs > 25 and mean_seq_len > 3: cuda_prefill_staged.r32s4, 9 workloads, 2.59x (2.01x .. 3.40x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   6. 90 < total_seq_len <= 192 and num_seqs <= 14: triton_prefill_fused.c16v64, 7 workloads, 4.04x (1.64x .. 8.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 192 < total_seq_len <= 344 and num_seqs <= 14: cuda_prefill_staged.r64s4, 10 workloads, 4.02x (1.49x .. 7.43x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. 205 < total_seq_len <= 724 and 14 < num_seqs <= 25: triton_prefill_fused.c16v64, 6 workloads, 2.53x (2.01x .. 3.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 344 < total_seq_len <= 1870 and num_seqs <= 14: cuda_prefill_staged.r32s4, 21 workloads, 4.53x (2.69x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len <= 46: cuda_prefill_staged.r64s4, 17 workloads, 2.21x (1.61x .. 3.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   11. 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len > 46: cuda_prefill_staged.r32s4, 9 workloads, 2.96x (2.35x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 1870 < total_seq_len <= 2438 and num_seqs <= 14: cuda_prefill_staged.r64s4, 6 workloads, 3.16x (1.57x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   13. total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len <= 4399: cuda_prefill_staged.r32s4, 8 workloads, 2.52x (1.80x .. 3.80x) over vllm_flashinfer_prefill
+#   14. total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len > 4399: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len > 4324 and num_seqs > 14 and mean_seq_len <= 347: flashinfer_direct, 12 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+#   16. total_seq_len > 4324 and num_seqs > 14 and mean_seq_len > 347: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.28x .. 2.01x) over vllm_flashinfer_prefill; then flashinfer_direct
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.65, 4.9, 8.77), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.21, 1.65, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 7), 'total_seq_len': (None, 31)}, 'workloads': 4, 'speedup': (1.64, 4.89, 8.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 2), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 6, 'speedup': (1.19, 1.65, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (2, None), 'num_seqs': (7, None), 'total_seq_len': (None, 168)}, 'workloads': 9, 'speedup': (1.07, 1.08, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.31, 6.39), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (326, None), 'num_seqs': (None, 7), 'total_seq_len': (90, 2438)}, 'workloads': 11, 'speedup': (1.13, 1.64, 2.93), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 5), 'total_seq_len': (90, None)}, 'workloads': 17, 'speedup': (1.6, 3.17, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
-    {'region': 7, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 16, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 25, 'speedup': (1.14, 1.39, 1.56), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (326, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (326, None), 'num_seqs': (None, 7), 'total_seq_len': (None, 2438)}, 'workloads': 11, 'speedup': (1.22, 1.74, 2.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 7), 'total_seq_len': (31, 90)}, 'workloads': 6, 'speedup': (3.09, 4.29, 6.32), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (None, 2), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (2.38, 2.71, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 326), 'num_seqs': (2, 5), 'total_seq_len': (90, None)}, 'workloads': 12, 'speedup': (1.6, 3.43, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 16, 'speedup': (1.03, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, None), 'num_seqs': (7, 21), 'total_seq_len': (168, None)}, 'workloads': 15, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 26), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 25, 'speedup': (1.14, 1.39, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (26, None), 'num_seqs': (21, None), 'total_seq_len': (168, None)}, 'workloads': 22, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (326, None), 'num_seqs': (None, 7), 'total_seq_len': (2438, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 24), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (6.06, 7.98, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (24, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.18, 6.76, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (5, 29), 'total_seq_len': (None, 90)}, 'workloads': 6, 'speedup': (3.19, 3.67, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (29, None), 'total_seq_len': (None, 236)}, 'workloads': 5, 'speedup': (2.42, 2.99, 3.32), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (5, None), 'num_seqs': (29, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.46, 1.64, 1.83), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 29), 'total_seq_len': (90, 181)}, 'workloads': 10, 'speedup': (1.52, 3.34, 7.72), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 2896), 'num_seqs': (None, 29), 'total_seq_len': (181, None)}, 'workloads': 60, 'speedup': (1.49, 3.27, 7.43), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (2896, None), 'num_seqs': (None, 29), 'total_seq_len': (181, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'num_seqs': (29, None), 'total_seq_len': (236, 724)}, 'workloads': 7, 'speedup': (2.01, 2.41, 2.97), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (116, None), 'total_seq_len': (724, 4635)}, 'workloads': 8, 'speedup': (1.87, 2.24, 2.66), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 191), 'num_seqs': (29, 116), 'total_seq_len': (724, None)}, 'workloads': 16, 'speedup': (1.43, 2.14, 3.31), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (191, None), 'num_seqs': (29, 116), 'total_seq_len': (724, None)}, 'workloads': 4, 'speedup': (1.12, 1.26, 1.4), 'fallbacks': ()},
-    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (116, None), 'total_seq_len': (4635, None)}, 'workloads': 4, 'speedup': (1.2, 1.26, 1.31), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.21, 9.41, 15.92), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (1, 14), 'total_seq_len': (None, 90)}, 'workloads': 8, 'speedup': (4.67, 9.25, 17.5), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (14, 25), 'total_seq_len': (None, 205)}, 'workloads': 7, 'speedup': (3.09, 4.58, 5.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (25, None), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (2.01, 3.16, 5.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (25, None), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (2.01, 2.59, 3.4), 'fallbacks': ('triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (90, 192)}, 'workloads': 7, 'speedup': (1.64, 4.04, 8.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (192, 344)}, 'workloads': 10, 'speedup': (1.49, 4.02, 7.43), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (14, 25), 'total_seq_len': (205, 724)}, 'workloads': 6, 'speedup': (2.01, 2.53, 3.28), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (344, 1870)}, 'workloads': 21, 'speedup': (2.69, 4.53, 7.13), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (14, None), 'total_seq_len': (724, 4324)}, 'workloads': 17, 'speedup': (1.61, 2.21, 3.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (14, None), 'total_seq_len': (724, 4324)}, 'workloads': 9, 'speedup': (2.35, 2.96, 3.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (1870, 2438)}, 'workloads': 6, 'speedup': (1.57, 3.16, 5.74), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 4399), 'num_seqs': (None, 14), 'total_seq_len': (2438, None)}, 'workloads': 8, 'speedup': (1.8, 2.52, 3.8), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4399, None), 'num_seqs': (None, 14), 'total_seq_len': (2438, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 347), 'num_seqs': (14, None), 'total_seq_len': (4324, None)}, 'workloads': 12, 'speedup': (1.18, 1.36, 1.65), 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (347, None), 'num_seqs': (14, None), 'total_seq_len': (4324, None)}, 'workloads': 4, 'speedup': (1.28, 1.64, 2.01), 'fallbacks': ('flashinfer_direct',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -110,37 +124,40 @@ MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (
 def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 4 workloads, 4.90x (1.65x .. 8.77x) over vllm_flashinfer_prefill
-    if total_seq_len <= 31 and num_seqs <= 7:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 6 workloads, 1.65x (1.21x .. 2.10x) over vllm_flashinfer_prefill
+    # region 1: 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill
+    if total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 326:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 6 workloads, 1.65x (1.19x .. 2.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 3: 9 workloads, 1.08x (1.07x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len <= 168 and num_seqs > 7 and mean_seq_len > 2:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 4: 6 workloads, 4.31x (3.09x .. 6.39x) over vllm_flashinfer_prefill
-    if 31 < total_seq_len <= 90 and num_seqs <= 7:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 5: 11 workloads, 1.64x (1.13x .. 2.93x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 326:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 17 workloads, 3.17x (1.60x .. 4.96x) over vllm_flashinfer_prefill
-    if total_seq_len > 90 and num_seqs <= 5 and mean_seq_len <= 326:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 7: 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
+    # region 4: 11 workloads, 1.74x (1.22x .. 2.71x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2438 and num_seqs <= 7 and mean_seq_len > 326:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 6 workloads, 4.29x (3.09x .. 6.32x) over vllm_flashinfer_prefill
+    if 31 < total_seq_len <= 90 and num_seqs <= 7 and mean_seq_len <= 326:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 5 workloads, 2.71x (2.38x .. 3.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and num_seqs <= 2 and mean_seq_len <= 326:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 12 workloads, 3.43x (1.60x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 2 < num_seqs <= 5 and mean_seq_len <= 326:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'flashinfer_direct'
+    # region 8: 16 workloads, 1.07x (1.03x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len <= 90:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 8: 15 workloads, the baseline; its stand-ins where it cannot run here
+    # region 9: 15 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 168 and 7 < num_seqs <= 21 and mean_seq_len > 90:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 10: 25 workloads, 1.39x (1.14x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 168 and num_seqs > 21 and mean_seq_len <= 26:
-        return 'cuda_prefill_staged.r64s4'
-    # region 10: 22 workloads, the baseline; its stand-ins where it cannot run here
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 22 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 10 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 12: 10 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 326:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
@@ -149,45 +166,54 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 6 workloads, 7.98x (6.06x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len <= 24:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 3 workloads, 6.76x (6.18x .. 7.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 5 and mean_seq_len > 24:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 6 workloads, 3.67x (3.19x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 5 < num_seqs <= 29:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 5 workloads, 2.99x (2.42x .. 3.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 236 and num_seqs > 29 and mean_seq_len <= 5:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 5: 6 workloads, 1.64x (1.46x .. 1.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 29 and mean_seq_len > 5:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 6: 10 workloads, 3.34x (1.52x .. 7.72x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs <= 29:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 60 workloads, 3.27x (1.49x .. 7.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 29 and mean_seq_len <= 2896:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 181 and num_seqs <= 29 and mean_seq_len > 2896:
+    # region 1: 3 workloads, 9.41x (6.21x .. 15.92x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 1:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 8 workloads, 9.25x (4.67x .. 17.50x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 1 < num_seqs <= 14:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 7 workloads, 4.58x (3.09x .. 5.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 205 and 14 < num_seqs <= 25:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 9 workloads, 3.16x (2.01x .. 5.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 25 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 9 workloads, 2.59x (2.01x .. 3.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 25 and mean_seq_len > 3:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 6: 7 workloads, 4.04x (1.64x .. 8.53x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 192 and num_seqs <= 14:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 10 workloads, 4.02x (1.49x .. 7.43x) over vllm_flashinfer_prefill
+    if 192 < total_seq_len <= 344 and num_seqs <= 14:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 6 workloads, 2.53x (2.01x .. 3.28x) over vllm_flashinfer_prefill
+    if 205 < total_seq_len <= 724 and 14 < num_seqs <= 25:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 9: 21 workloads, 4.53x (2.69x .. 7.13x) over vllm_flashinfer_prefill
+    if 344 < total_seq_len <= 1870 and num_seqs <= 14:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 17 workloads, 2.21x (1.61x .. 3.08x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len <= 46:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 9 workloads, 2.96x (2.35x .. 3.64x) over vllm_flashinfer_prefill
+    if 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len > 46:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 12: 6 workloads, 3.16x (1.57x .. 5.74x) over vllm_flashinfer_prefill
+    if 1870 < total_seq_len <= 2438 and num_seqs <= 14:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 8 workloads, 2.52x (1.80x .. 3.80x) over vllm_flashinfer_prefill
+    if total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len <= 4399:
+        return 'cuda_prefill_staged.r32s4'
+    # region 14: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len > 4399:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 7 workloads, 2.41x (2.01x .. 2.97x) over vllm_flashinfer_prefill
-    if 236 < total_seq_len <= 724 and num_seqs > 29 and mean_seq_len <= 5:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 8 workloads, 2.24x (1.87x .. 2.66x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 4635 and num_seqs > 116:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 16 workloads, 2.14x (1.43x .. 3.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len <= 191:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 4 workloads, 1.26x (1.12x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 724 and 29 < num_seqs <= 116 and mean_seq_len > 191:
+    # region 15: 12 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 4324 and num_seqs > 14 and mean_seq_len <= 347:
         return 'flashinfer_direct'
-    # region 13: 4 workloads, 1.26x (1.20x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 4635 and num_seqs > 116:
-        return 'flashinfer_direct'
+    # region 16: 4 workloads, 1.64x (1.28x .. 2.01x) over vllm_flashinfer_prefill
+    if total_seq_len > 4324 and num_seqs > 14 and mean_seq_len > 347:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     return 'vllm_flashinfer_prefill'
 
 
@@ -196,147 +222,177 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 3.85% mean, 69.69% max;
-#             1.204x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 3.93% mean, 74.70% max;
-#             2.460x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 3.60% mean, 48.34% max;
+#             1.214x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 9.19% mean, 80.72% max;
+#             2.508x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.95x (1.81x .. 2.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4
-#   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64
-#   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 4: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8
-#   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 4: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct
-#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   9. total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 449: flashinfer_direct, 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
-#   12. total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 32: flashinfer_direct, 28 workloads, 2.63x (1.09x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   13. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and 380 < max_seq_len <= 1797: cuda_prefill_staged.r64s4, 4 workloads, 1.16x (1.08x .. 1.27x) over vllm_flashinfer_prefill
-#   14. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   15. total_seq_len <= 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   16. num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 32: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   17. 3 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
-#   18. 3 < num_seqs <= 4 and mean_seq_len > 9 and 26 < max_seq_len <= 32: flashinfer_direct, 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8
-#   19. 4 < num_seqs <= 10 and mean_seq_len > 9 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
-#   20. 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32
-#   21. num_seqs > 21 and 9 < mean_seq_len <= 45 and max_seq_len <= 380: cuda_prefill_staged.r64s4, 11 workloads, 1.22x (1.13x .. 1.32x) over vllm_flashinfer_prefill
-#   22. num_seqs > 21 and 45 < mean_seq_len <= 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   23. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64
-#   24. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 51 and 2 < mean_seq_len <= 9: cuda_prefill_staged.r64s4, 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill
-#   28. 545 < total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 9: flashinfer_direct, 4 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
-#   30. 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 1259: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   31. 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   32. 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 1667: flashinfer_direct, 2 workloads, 2.32x (1.67x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   33. 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 1667: cuda_prefill_staged.r64s4, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   37. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 380: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   38. total_seq_len > 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.82x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32
+#   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   3. total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k16c8, 1 workloads, 8.84x (8.84x .. 8.84x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   4. total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   5. total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 6: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   6. total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 8.36x (8.36x .. 8.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   8. total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   9. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 207: flashinfer_direct, 10 workloads, 3.85x (2.82x .. 4.96x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   10. total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 207: cuda_prefill_staged.r32s4, 4 workloads, 2.71x (2.38x .. 3.28x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   11. total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 449: cuda_prefill_staged.r32s4, 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896: vllm_flashinfer_prefill.cp_off, 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and 956 < max_seq_len <= 1356: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   15. total_seq_len <= 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 1356: cuda_prefill_staged.r32s4, 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   16. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and 380 < max_seq_len <= 1797: cuda_prefill_staged.r64s4, 4 workloads, 1.16x (1.08x .. 1.27x) over vllm_flashinfer_prefill
+#   17. total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 1797: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
+#   18. total_seq_len <= 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   19. num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 32: triton_prefill_fused.c16v32, 2 workloads, 5.30x (4.72x .. 5.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   20. 3 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len <= 26: triton_prefill_fused.c16v64, 1 workloads, 6.23x (6.23x .. 6.23x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8
+#   21. 3 < num_seqs <= 4 and mean_seq_len > 9 and 26 < max_seq_len <= 32: flashinfer_direct, 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8
+#   22. 4 < num_seqs <= 10 and mean_seq_len > 9 and 896 < max_seq_len <= 956: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+#   23. num_seqs > 21 and 9 < mean_seq_len <= 45 and max_seq_len <= 380: cuda_prefill_staged.r64s4, 11 workloads, 1.22x (1.13x .. 1.32x) over vllm_flashinfer_prefill
+#   24. num_seqs > 21 and 45 < mean_seq_len <= 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   25. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
+#   26. 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6: cuda_prefill_pool_rows.k4c8, 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   27. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.62x (1.56x .. 1.66x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   28. total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13: cuda_prefill_staged.r64s4, 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   29. total_seq_len > 51 and 2 < mean_seq_len <= 9: cuda_prefill_staged.r64s4, 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   30. 326 < total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 380: flashinfer_direct, 4 workloads, 3.55x (3.09x .. 4.31x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   31. 326 < total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 380: cuda_prefill_staged.r32s4, 10 workloads, 1.79x (1.22x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   32. 545 < total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 9: flashinfer_direct, 4 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896: flashinfer_direct, 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+#   34. 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 1259: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   35. 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   36. 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 1438: flashinfer_direct, 2 workloads, 2.32x (1.67x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   37. 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 1438: cuda_prefill_staged.r32s4, 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 2281: flashinfer_direct, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   39. total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
+#   40. total_seq_len > 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 956: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
+#   41. total_seq_len > 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   42. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 380: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   43. total_seq_len > 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and 8 < max_seq_len <= 23: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 63 and 23 < max_seq_len <= 59: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.07x (7.03x .. 7.12x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 4 workloads, 3.78x (3.32x .. 4.31x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 181 and mean_seq_len <= 12 and max_seq_len > 59: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.74x (2.51x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 3448 and mean_seq_len > 12 and 59 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 2 workloads, 2.10x (2.02x .. 2.17x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 3448 and mean_seq_len > 12 and max_seq_len > 63: cuda_prefill_staged.r64s4, 61 workloads, 3.49x (1.50x .. 7.72x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. 22 < total_seq_len <= 78 and 8 < max_seq_len <= 23: cuda_prefill_pool_rows.k8c8, 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 63 < total_seq_len <= 168 and 23 < max_seq_len <= 59: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.18x (3.30x .. 7.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct
-#   10. 78 < total_seq_len <= 397 and 11 < max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.87x (2.34x .. 3.39x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 78 < total_seq_len <= 724 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.85x (2.13x .. 3.77x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, flashinfer_direct
-#   12. 168 < total_seq_len <= 3448 and 23 < max_seq_len <= 59: cuda_prefill_staged.r64s4, 9 workloads, 2.02x (1.49x .. 3.05x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
-#   13. 181 < total_seq_len <= 3448 and mean_seq_len <= 12 and max_seq_len > 59: cuda_prefill_staged.r64s4, 6 workloads, 2.12x (1.48x .. 2.77x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. 397 < total_seq_len <= 3448 and 11 < max_seq_len <= 23: cuda_prefill_staged.r64s4, 2 workloads, 2.69x (2.12x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 724 < total_seq_len <= 3448 and max_seq_len <= 11: cuda_prefill_staged.r64s4, 2 workloads, 2.42x (2.40x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 3448 < total_seq_len <= 7643 and num_seqs <= 1: cuda_prefill_cp.p4, 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p8; engine plugins keep the engine's kernel (`hand_back`)
-#   17. 3448 < total_seq_len <= 7643 and num_seqs > 1: cuda_prefill_staged.r64s4, 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   18. 7643 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 5 workloads, 1.82x (1.62x .. 2.27x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   20. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   21. total_seq_len > 7643 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   22. total_seq_len > 7643 and 4 < num_seqs <= 22 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   23. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 7643 and num_seqs > 4 and 104 < mean_seq_len <= 362 and max_seq_len <= 7170: flashinfer_direct, 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-#   25. total_seq_len > 7643 and 22 < num_seqs <= 90 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
-#   26. total_seq_len > 7643 and num_seqs > 90 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   27. total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 22 and num_seqs <= 8 and 4 < max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 90 and num_seqs <= 1 and max_seq_len > 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.23x (6.21x .. 8.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 90 and num_seqs <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 16.66x (15.92x .. 17.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 90 and 1 < num_seqs <= 8 and max_seq_len > 15: cuda_prefill_pool_rows.k8c8, 4 workloads, 10.45x (8.54x .. 13.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 90 and 2 < num_seqs <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 5.74x (5.74x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 358 and num_seqs > 8 and mean_seq_len <= 11 and max_seq_len > 55: cuda_prefill_staged.r32s4, 3 workloads, 3.00x (2.38x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 358 and num_seqs > 8 and max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 15 workloads, 4.07x (2.60x .. 5.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   8. total_seq_len <= 358 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len > 55: cuda_prefill_staged.r64s4, 2 workloads, 3.03x (2.75x .. 3.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 22 < total_seq_len <= 90 and num_seqs <= 8 and 4 < max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.71x (9.71x .. 9.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 57: cuda_prefill_pool_rows.k4c8, 3 workloads, 5.62x (3.16x .. 9.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   11. 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len > 57: triton_prefill_fused.c16v32, 4 workloads, 3.51x (1.57x .. 8.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. 181 < total_seq_len <= 358 and num_seqs <= 1 and max_seq_len > 238: cuda_prefill_staged.r64s4, 1 workloads, 5.84x (5.84x .. 5.84x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   13. 181 < total_seq_len <= 358 and num_seqs <= 8 and max_seq_len <= 104: cuda_prefill_staged.r64s4, 3 workloads, 2.71x (1.49x .. 7.43x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. 181 < total_seq_len <= 358 and num_seqs <= 8 and 104 < max_seq_len <= 238: triton_prefill_fused.c16v32, 5 workloads, 4.75x (1.50x .. 7.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   15. 181 < total_seq_len <= 358 and 1 < num_seqs <= 8 and max_seq_len > 238: cuda_prefill_staged.r32s4, 1 workloads, 5.80x (5.80x .. 5.80x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   16. 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len <= 85: triton_prefill_fused.c16v64, 4 workloads, 3.12x (2.50x .. 3.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 358 < total_seq_len <= 545 and num_seqs <= 45 and 85 < max_seq_len <= 244: cuda_prefill_staged.r64s4, 3 workloads, 4.47x (3.12x .. 6.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len > 244: cuda_prefill_staged.r32s4, 7 workloads, 4.03x (2.83x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.84x (2.47x .. 3.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len > 45: cuda_prefill_staged.r32s4, 2 workloads, 2.28x (2.07x .. 2.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   21. 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len <= 220: cuda_prefill_staged.r64s4, 6 workloads, 3.28x (2.08x .. 4.04x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   22. 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len > 220: cuda_prefill_staged.r32s4, 12 workloads, 4.24x (1.57x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   23. 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len <= 43: cuda_prefill_staged.r64s4, 3 workloads, 2.17x (1.98x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len > 43: cuda_prefill_staged.r32s4, 4 workloads, 2.27x (2.15x .. 2.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   25. 1622 < total_seq_len <= 5404 and num_seqs <= 11 and max_seq_len > 714: cuda_prefill_staged.r32s4, 7 workloads, 2.83x (1.80x .. 5.23x) over vllm_flashinfer_prefill
+#   26. 1622 < total_seq_len <= 5404 and max_seq_len <= 714: cuda_prefill_staged.r64s4, 11 workloads, 2.91x (2.09x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   27. 1622 < total_seq_len <= 5404 and num_seqs > 11 and max_seq_len > 714: cuda_prefill_staged.r64s4, 4 workloads, 2.13x (1.61x .. 2.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. 5404 < total_seq_len <= 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 6 workloads, 1.79x (1.62x .. 2.27x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   29. total_seq_len > 5404 and num_seqs <= 4 and max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   30. total_seq_len > 5404 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 5404 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   32. total_seq_len > 5404 and 4 < num_seqs <= 22 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   33. total_seq_len > 5404 and 22 < num_seqs <= 90 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 5404 and num_seqs > 29 and mean_seq_len <= 104 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   35. total_seq_len > 5404 and num_seqs > 29 and mean_seq_len > 104 and max_seq_len <= 7170: flashinfer_direct, 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 5404 and num_seqs > 90 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+#   37. total_seq_len > 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.81, 1.95, 2.1), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 9), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.89, 8.89, 8.89), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (4, None), 'mean_seq_len': (5, 9), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 9), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.35, 8.35, 8.35), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 545)}, 'workloads': 5, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 545)}, 'workloads': 1, 'speedup': (1.07, 1.07, 1.07), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
-    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 1905)}, 'workloads': 28, 'speedup': (1.09, 2.63, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (380, 1797), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.08, 1.16, 1.27), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (73, None), 'num_seqs': (21, None), 'total_seq_len': (None, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (9, None), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (4.73, 5.3, 5.95), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (9, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (6.25, 6.25, 6.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, 32), 'mean_seq_len': (9, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (4.49, 4.49, 4.49), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (9, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (9, None), 'num_seqs': (4, 10)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (9, 45), 'num_seqs': (21, None)}, 'workloads': 11, 'speedup': (1.13, 1.22, 1.32), 'fallbacks': ()},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (45, 73), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 1, 'speedup': (1.83, 1.83, 1.83), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.55, 1.61, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.45, 1.52, 1.56), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 9), 'total_seq_len': (51, None)}, 'workloads': 20, 'speedup': (1.13, 1.34, 1.53), 'fallbacks': ()},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (545, 1448)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1259), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1259, None), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 1667), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, 2438)}, 'workloads': 2, 'speedup': (1.67, 2.32, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1667, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, 2438)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 2281), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (73, None), 'num_seqs': (21, None), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.82, 1.96, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (3, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 9), 'num_seqs': (None, 1), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.84, 8.84, 8.84), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 5), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (5, 9), 'num_seqs': (None, 5), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 9), 'num_seqs': (1, 5), 'total_seq_len': (None, 51)}, 'workloads': 1, 'speedup': (8.36, 8.36, 8.36), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11, None), 'mean_seq_len': (2, 9), 'num_seqs': (5, None), 'total_seq_len': (None, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 207), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 10, 'speedup': (2.82, 3.85, 4.96), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (207, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (None, 326)}, 'workloads': 4, 'speedup': (2.38, 2.71, 3.28), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 545)}, 'workloads': 5, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (None, 545)}, 'workloads': 1, 'speedup': (1.06, 1.06, 1.06), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (1.04, 1.07, 1.1), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, 1356), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1356, None), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.1, 1.1, 1.1), 'fallbacks': (), 'hand_back': True},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (380, 1797), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 4, 'speedup': (1.08, 1.16, 1.27), 'fallbacks': ()},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1797, None), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 18, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (73, None), 'num_seqs': (21, None), 'total_seq_len': (None, 5404)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 32), 'mean_seq_len': (9, None), 'num_seqs': (None, 3)}, 'workloads': 2, 'speedup': (4.72, 5.3, 5.94), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 26), 'mean_seq_len': (9, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (6.23, 6.23, 6.23), 'fallbacks': ('triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (26, 32), 'mean_seq_len': (9, None), 'num_seqs': (3, 4)}, 'workloads': 1, 'speedup': (4.49, 4.49, 4.49), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 22, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (896, 956), 'mean_seq_len': (9, None), 'num_seqs': (4, 10)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (9, 45), 'num_seqs': (21, None)}, 'workloads': 11, 'speedup': (1.13, 1.22, 1.32), 'fallbacks': ()},
+    {'region': 24, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (45, 73), 'num_seqs': (21, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (6, None), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (25, 51)}, 'workloads': 1, 'speedup': (1.82, 1.82, 1.82), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 5, 'speedup': (1.56, 1.62, 1.66), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (13, None), 'mean_seq_len': (None, 2), 'total_seq_len': (51, None)}, 'workloads': 3, 'speedup': (1.45, 1.52, 1.56), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (2, 9), 'total_seq_len': (51, None)}, 'workloads': 20, 'speedup': (1.13, 1.34, 1.53), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 380), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (326, 1905)}, 'workloads': 4, 'speedup': (3.09, 3.55, 4.31), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (326, 1905)}, 'workloads': 10, 'speedup': (1.22, 1.79, 2.58), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (545, 1448)}, 'workloads': 4, 'speedup': (1.04, 1.06, 1.1), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 896), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.04, 1.06, 1.09), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 1259), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1259, None), 'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 1438), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, 2438)}, 'workloads': 2, 'speedup': (1.67, 2.32, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1438, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (1905, 2438)}, 'workloads': 1, 'speedup': (1.29, 1.29, 1.29), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (32, 2281), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2281, None), 'mean_seq_len': (9, None), 'num_seqs': (None, 4), 'total_seq_len': (2438, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (956, None), 'mean_seq_len': (9, None), 'num_seqs': (4, 10), 'total_seq_len': (2896, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (9, None), 'num_seqs': (10, 21), 'total_seq_len': (2896, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (380, None), 'mean_seq_len': (9, None), 'num_seqs': (21, None), 'total_seq_len': (2896, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (None, 380), 'mean_seq_len': (73, None), 'num_seqs': (21, None), 'total_seq_len': (5404, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64')},
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (8, 23), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (23, 59), 'total_seq_len': (None, 63)}, 'workloads': 2, 'speedup': (7.03, 7.07, 7.12), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (None, 5), 'total_seq_len': (None, 78)}, 'workloads': 2, 'speedup': (8.46, 8.74, 9.03), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'num_seqs': (5, None), 'total_seq_len': (None, 78)}, 'workloads': 4, 'speedup': (3.32, 3.78, 4.31), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (None, 12), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (2.51, 2.74, 3.0), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (59, 63), 'mean_seq_len': (12, None), 'total_seq_len': (None, 3448)}, 'workloads': 2, 'speedup': (2.02, 2.1, 2.17), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (12, None), 'total_seq_len': (None, 3448)}, 'workloads': 61, 'speedup': (1.5, 3.49, 7.72), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (8, 23), 'total_seq_len': (22, 78)}, 'workloads': 3, 'speedup': (3.76, 6.58, 8.87), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (23, 59), 'total_seq_len': (63, 168)}, 'workloads': 6, 'speedup': (3.3, 5.18, 7.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (11, 23), 'total_seq_len': (78, 397)}, 'workloads': 4, 'speedup': (2.34, 2.87, 3.39), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'total_seq_len': (78, 724)}, 'workloads': 8, 'speedup': (2.13, 2.85, 3.77), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, 59), 'total_seq_len': (168, 3448)}, 'workloads': 9, 'speedup': (1.49, 2.02, 3.05), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (59, None), 'mean_seq_len': (None, 12), 'total_seq_len': (181, 3448)}, 'workloads': 6, 'speedup': (1.48, 2.12, 2.77), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 23), 'total_seq_len': (397, 3448)}, 'workloads': 2, 'speedup': (2.12, 2.69, 3.43), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 11), 'total_seq_len': (724, 3448)}, 'workloads': 2, 'speedup': (2.4, 2.42, 2.44), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (3448, 7643)}, 'workloads': 1, 'speedup': (1.81, 1.81, 1.81), 'fallbacks': ('cuda_prefill_cp.p8',), 'hand_back': True},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (1, None), 'total_seq_len': (3448, 7643)}, 'workloads': 1, 'speedup': (1.64, 1.64, 1.64), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (362, None), 'num_seqs': (4, None), 'total_seq_len': (7643, 22103)}, 'workloads': 5, 'speedup': (1.62, 1.82, 2.27), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8189), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.55, 2.57, 3.95), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 20, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, 16372), 'num_seqs': (4, 22), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (2.01, 2.01, 2.01), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 22, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (4, 22), 'total_seq_len': (7643, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (None, 104), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.44, 1.58, 1.71), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (104, 362), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.18, 1.36, 1.65), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (22, 90), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.28, 1.51, 1.79), 'fallbacks': ()},
-    {'region': 26, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (90, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 27, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (362, None), 'num_seqs': (4, None), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 15), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (6.21, 7.23, 8.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (15.92, 16.66, 17.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, None), 'num_seqs': (1, 8), 'total_seq_len': (None, 90)}, 'workloads': 4, 'speedup': (8.54, 10.45, 13.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (2, 8), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (5.74, 5.74, 5.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (55, None), 'mean_seq_len': (None, 11), 'num_seqs': (8, None), 'total_seq_len': (None, 358)}, 'workloads': 3, 'speedup': (2.38, 3.0, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 55), 'num_seqs': (8, None), 'total_seq_len': (None, 358)}, 'workloads': 15, 'speedup': (2.6, 4.07, 5.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (55, None), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 358)}, 'workloads': 2, 'speedup': (2.75, 3.03, 3.34), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 15), 'num_seqs': (None, 8), 'total_seq_len': (22, 90)}, 'workloads': 1, 'speedup': (9.71, 9.71, 9.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 57), 'num_seqs': (None, 8), 'total_seq_len': (90, 181)}, 'workloads': 3, 'speedup': (3.16, 5.62, 9.59), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (57, None), 'num_seqs': (None, 8), 'total_seq_len': (90, 181)}, 'workloads': 4, 'speedup': (1.57, 3.51, 8.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (238, None), 'num_seqs': (None, 1), 'total_seq_len': (181, 358)}, 'workloads': 1, 'speedup': (5.84, 5.84, 5.84), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 8), 'total_seq_len': (181, 358)}, 'workloads': 3, 'speedup': (1.49, 2.71, 7.43), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 238), 'num_seqs': (None, 8), 'total_seq_len': (181, 358)}, 'workloads': 5, 'speedup': (1.5, 4.75, 7.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (238, None), 'num_seqs': (1, 8), 'total_seq_len': (181, 358)}, 'workloads': 1, 'speedup': (5.8, 5.8, 5.8), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 85), 'num_seqs': (None, 45), 'total_seq_len': (358, 545)}, 'workloads': 4, 'speedup': (2.5, 3.12, 3.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (85, 244), 'num_seqs': (None, 45), 'total_seq_len': (358, 545)}, 'workloads': 3, 'speedup': (3.12, 4.47, 6.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (244, None), 'num_seqs': (None, 45), 'total_seq_len': (358, 545)}, 'workloads': 7, 'speedup': (2.83, 4.03, 6.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (358, 545)}, 'workloads': 4, 'speedup': (2.47, 2.84, 3.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (358, 545)}, 'workloads': 2, 'speedup': (2.07, 2.28, 2.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 220), 'num_seqs': (None, 45), 'total_seq_len': (545, 1622)}, 'workloads': 6, 'speedup': (2.08, 3.28, 4.04), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (220, None), 'num_seqs': (None, 45), 'total_seq_len': (545, 1622)}, 'workloads': 12, 'speedup': (1.57, 4.24, 7.13), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (45, None), 'total_seq_len': (545, 1622)}, 'workloads': 3, 'speedup': (1.98, 2.17, 2.44), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (43, None), 'num_seqs': (45, None), 'total_seq_len': (545, 1622)}, 'workloads': 4, 'speedup': (2.15, 2.27, 2.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (714, None), 'num_seqs': (None, 11), 'total_seq_len': (1622, 5404)}, 'workloads': 7, 'speedup': (1.8, 2.83, 5.23), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 714), 'total_seq_len': (1622, 5404)}, 'workloads': 11, 'speedup': (2.09, 2.91, 5.74), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (714, None), 'num_seqs': (11, None), 'total_seq_len': (1622, 5404)}, 'workloads': 4, 'speedup': (1.61, 2.13, 2.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'num_seqs': (4, 29), 'total_seq_len': (5404, 22103)}, 'workloads': 6, 'speedup': (1.62, 1.79, 2.27), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8189), 'num_seqs': (None, 4), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.55, 2.57, 3.95), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, 16372), 'num_seqs': (4, 22), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (2.01, 2.01, 2.01), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (4, 22), 'total_seq_len': (5404, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (22, 90), 'total_seq_len': (5404, None)}, 'workloads': 2, 'speedup': (1.28, 1.51, 1.79), 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (None, 104), 'num_seqs': (29, None), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.44, 1.58, 1.71), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (104, None), 'num_seqs': (29, None), 'total_seq_len': (5404, None)}, 'workloads': 6, 'speedup': (1.18, 1.36, 1.65), 'fallbacks': ()},
+    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (90, None), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'num_seqs': (4, 29), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -345,120 +401,135 @@ MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_
 def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 1.95x (1.81x .. 2.10x) over vllm_flashinfer_prefill
+    # region 1: 2 workloads, 1.96x (1.82x .. 2.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 2: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 3: 1 workloads, 8.89x (8.89x .. 8.89x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 1 workloads, 8.84x (8.84x .. 8.84x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and num_seqs <= 1 and mean_seq_len <= 9 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 4: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    if total_seq_len <= 51 and num_seqs <= 5 and mean_seq_len <= 5 and max_seq_len > 6:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 5: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 4:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 1 workloads, 8.35x (8.35x .. 8.35x) over vllm_flashinfer_prefill
-    if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k4c8'
+    if total_seq_len <= 51 and num_seqs <= 5 and 5 < mean_seq_len <= 9 and max_seq_len > 6:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 1 workloads, 8.36x (8.36x .. 8.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 51 and 1 < num_seqs <= 5 and mean_seq_len <= 9 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
     # region 7: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 8: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 51 and num_seqs > 5 and 2 < mean_seq_len <= 9 and max_seq_len > 11:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 10 workloads, 3.85x (2.82x .. 4.96x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 207:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
+    # region 10: 4 workloads, 2.71x (2.38x .. 3.28x) over vllm_flashinfer_prefill
+    if total_seq_len <= 326 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 207:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 11: 5 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
     if total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 449:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 1 workloads, 1.07x (1.07x .. 1.07x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 1 workloads, 1.06x (1.06x .. 1.06x) over vllm_flashinfer_prefill
     if total_seq_len <= 545 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 449:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 11: 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 13: 9 workloads, 1.07x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 12: 28 workloads, 2.63x (1.09x .. 4.96x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 32:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 13: 4 workloads, 1.16x (1.08x .. 1.27x) over vllm_flashinfer_prefill
+    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and 956 < max_seq_len <= 1356:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 1 workloads, 1.10x (1.10x .. 1.10x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 1356:
+        return 'cuda_prefill_staged.r32s4'
+    # region 16: 4 workloads, 1.16x (1.08x .. 1.27x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and 380 < max_seq_len <= 1797:
         return 'cuda_prefill_staged.r64s4'
-    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 17: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 1797:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 16: 2 workloads, 5.30x (4.73x .. 5.95x) over vllm_flashinfer_prefill
+    # region 19: 2 workloads, 5.30x (4.72x .. 5.94x) over vllm_flashinfer_prefill
     if num_seqs <= 3 and mean_seq_len > 9 and max_seq_len <= 32:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 17: 1 workloads, 6.25x (6.25x .. 6.25x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v32'
+    # region 20: 1 workloads, 6.23x (6.23x .. 6.23x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 4 and mean_seq_len > 9 and max_seq_len <= 26:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 1 workloads, 4.49x (4.49x .. 4.49x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 4 and mean_seq_len > 9 and 26 < max_seq_len <= 32:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'flashinfer_direct'
-    # region 19: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'flashinfer_direct'
+    # region 22: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if 4 < num_seqs <= 10 and mean_seq_len > 9 and 896 < max_seq_len <= 956:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 20: 6 workloads, the baseline; its stand-ins where it cannot run here
-    if 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 956:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 11 workloads, 1.22x (1.13x .. 1.32x) over vllm_flashinfer_prefill
+    # region 23: 11 workloads, 1.22x (1.13x .. 1.32x) over vllm_flashinfer_prefill
     if num_seqs > 21 and 9 < mean_seq_len <= 45 and max_seq_len <= 380:
         return 'cuda_prefill_staged.r64s4'
-    # region 22: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 24: 2 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs > 21 and 45 < mean_seq_len <= 73 and max_seq_len <= 380:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 25: 0 workloads, by estimated times (no measured workload in it)
     if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 6:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 24: 1 workloads, 1.83x (1.83x .. 1.83x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 1 workloads, 1.82x (1.82x .. 1.82x) over vllm_flashinfer_prefill
     if 25 < total_seq_len <= 51 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 6:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 5 workloads, 1.61x (1.55x .. 1.66x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 27: 5 workloads, 1.62x (1.56x .. 1.66x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len <= 13:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 28: 3 workloads, 1.52x (1.45x .. 1.56x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and mean_seq_len <= 2 and max_seq_len > 13:
-        return 'cuda_prefill_staged.r64s4'
-    # region 27: 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 20 workloads, 1.34x (1.13x .. 1.53x) over vllm_flashinfer_prefill
     if total_seq_len > 51 and 2 < mean_seq_len <= 9:
-        return 'cuda_prefill_staged.r64s4'
-    # region 28: 4 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 4 workloads, 3.55x (3.09x .. 4.31x) over vllm_flashinfer_prefill
+    if 326 < total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 380:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'flashinfer_direct'
+    # region 31: 10 workloads, 1.79x (1.22x .. 2.58x) over vllm_flashinfer_prefill
+    if 326 < total_seq_len <= 1905 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 380:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 32: 4 workloads, 1.06x (1.04x .. 1.10x) over vllm_flashinfer_prefill
     if 545 < total_seq_len <= 1448 and 10 < num_seqs <= 21 and mean_seq_len > 9:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 29: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
+    # region 33: 3 workloads, 1.06x (1.04x .. 1.09x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len <= 896:
         return 'flashinfer_direct'
-    # region 30: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 34: 2 workloads, the baseline; its stand-ins where it cannot run here
     if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len <= 1259:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 35: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
     if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259:
         return 'cuda_prefill_staged.r64s4'
-    # region 32: 2 workloads, 2.32x (1.67x .. 3.23x) over vllm_flashinfer_prefill
-    if 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 1667:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 33: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill
-    if 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 1667:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+    # region 36: 2 workloads, 2.32x (1.67x .. 3.23x) over vllm_flashinfer_prefill
+    if 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 1438:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 37: 1 workloads, 1.29x (1.29x .. 1.29x) over vllm_flashinfer_prefill
+    if 1905 < total_seq_len <= 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 1438:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 38: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
     if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and 32 < max_seq_len <= 2281:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 8 workloads, the baseline; its stand-ins where it cannot run here
+    # region 39: 8 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2438 and num_seqs <= 4 and mean_seq_len > 9 and max_seq_len > 2281:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 40: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 956:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 41: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
-    # region 37: 6 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 6 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 380:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'vllm_flashinfer_prefill'
-    # region 38: 5 workloads, the baseline; its stand-ins where it cannot run here
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380:
-        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
@@ -466,95 +537,120 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and 8 < max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 7.07x (7.03x .. 7.12x) over vllm_flashinfer_prefill
-    if total_seq_len <= 63 and 23 < max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 8.74x (8.46x .. 9.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs <= 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 4: 4 workloads, 3.78x (3.32x .. 4.31x) over vllm_flashinfer_prefill
-    if total_seq_len <= 78 and num_seqs > 5 and max_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 2 workloads, 2.74x (2.51x .. 3.00x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and mean_seq_len <= 12 and max_seq_len > 59:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 6: 2 workloads, 2.10x (2.02x .. 2.17x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3448 and mean_seq_len > 12 and 59 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 7: 61 workloads, 3.49x (1.50x .. 7.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3448 and mean_seq_len > 12 and max_seq_len > 63:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 3 workloads, 6.58x (3.76x .. 8.87x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 78 and 8 < max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 9: 6 workloads, 5.18x (3.30x .. 7.34x) over vllm_flashinfer_prefill
-    if 63 < total_seq_len <= 168 and 23 < max_seq_len <= 59:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 10: 4 workloads, 2.87x (2.34x .. 3.39x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 397 and 11 < max_seq_len <= 23:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 11: 8 workloads, 2.85x (2.13x .. 3.77x) over vllm_flashinfer_prefill
-    if 78 < total_seq_len <= 724 and max_seq_len <= 11:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 12: 9 workloads, 2.02x (1.49x .. 3.05x) over vllm_flashinfer_prefill
-    if 168 < total_seq_len <= 3448 and 23 < max_seq_len <= 59:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 6 workloads, 2.12x (1.48x .. 2.77x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 3448 and mean_seq_len <= 12 and max_seq_len > 59:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 2 workloads, 2.69x (2.12x .. 3.43x) over vllm_flashinfer_prefill
-    if 397 < total_seq_len <= 3448 and 11 < max_seq_len <= 23:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 2 workloads, 2.42x (2.40x .. 2.44x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 3448 and max_seq_len <= 11:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 1 workloads, 1.81x (1.81x .. 1.81x) over vllm_flashinfer_prefill's guarded call
-    if 3448 < total_seq_len <= 7643 and num_seqs <= 1:
-        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
-    # region 17: 1 workloads, 1.64x (1.64x .. 1.64x) over vllm_flashinfer_prefill
-    if 3448 < total_seq_len <= 7643 and num_seqs > 1:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 5 workloads, 1.82x (1.62x .. 2.27x) over vllm_flashinfer_prefill
-    if 7643 < total_seq_len <= 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170:
+    if total_seq_len <= 22 and num_seqs <= 8 and 4 < max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 2 workloads, 7.23x (6.21x .. 8.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 1 and max_seq_len > 15:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 2 workloads, 16.66x (15.92x .. 17.43x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 2 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 4: 4 workloads, 10.45x (8.54x .. 13.02x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 1 < num_seqs <= 8 and max_seq_len > 15:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 1 workloads, 5.74x (5.74x .. 5.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 2 < num_seqs <= 8 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 3 workloads, 3.00x (2.38x .. 3.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 358 and num_seqs > 8 and mean_seq_len <= 11 and max_seq_len > 55:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 15 workloads, 4.07x (2.60x .. 5.70x) over vllm_flashinfer_prefill
+    if total_seq_len <= 358 and num_seqs > 8 and max_seq_len <= 55:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 8: 2 workloads, 3.03x (2.75x .. 3.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 358 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len > 55:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 1 workloads, 9.71x (9.71x .. 9.71x) over vllm_flashinfer_prefill
+    if 22 < total_seq_len <= 90 and num_seqs <= 8 and 4 < max_seq_len <= 15:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 10: 3 workloads, 5.62x (3.16x .. 9.59x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 57:
+        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 11: 4 workloads, 3.51x (1.57x .. 8.74x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len > 57:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 12: 1 workloads, 5.84x (5.84x .. 5.84x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 358 and num_seqs <= 1 and max_seq_len > 238:
+        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 3 workloads, 2.71x (1.49x .. 7.43x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 358 and num_seqs <= 8 and max_seq_len <= 104:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 19: 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len <= 8189:
+    # region 14: 5 workloads, 4.75x (1.50x .. 7.41x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 358 and num_seqs <= 8 and 104 < max_seq_len <= 238:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 15: 1 workloads, 5.80x (5.80x .. 5.80x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 358 and 1 < num_seqs <= 8 and max_seq_len > 238:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 4 workloads, 3.12x (2.50x .. 3.71x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len <= 85:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 17: 3 workloads, 4.47x (3.12x .. 6.07x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 545 and num_seqs <= 45 and 85 < max_seq_len <= 244:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 18: 7 workloads, 4.03x (2.83x .. 6.88x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len > 244:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 19: 4 workloads, 2.84x (2.47x .. 3.33x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 45:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 2 workloads, 2.28x (2.07x .. 2.50x) over vllm_flashinfer_prefill
+    if 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len > 45:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 6 workloads, 3.28x (2.08x .. 4.04x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len <= 220:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 22: 12 workloads, 4.24x (1.57x .. 7.13x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len > 220:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 23: 3 workloads, 2.17x (1.98x .. 2.44x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len <= 43:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 24: 4 workloads, 2.27x (2.15x .. 2.37x) over vllm_flashinfer_prefill
+    if 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len > 43:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 25: 7 workloads, 2.83x (1.80x .. 5.23x) over vllm_flashinfer_prefill
+    if 1622 < total_seq_len <= 5404 and num_seqs <= 11 and max_seq_len > 714:
+        return 'cuda_prefill_staged.r32s4'
+    # region 26: 11 workloads, 2.91x (2.09x .. 5.74x) over vllm_flashinfer_prefill
+    if 1622 < total_seq_len <= 5404 and max_seq_len <= 714:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 4 workloads, 2.13x (1.61x .. 2.71x) over vllm_flashinfer_prefill
+    if 1622 < total_seq_len <= 5404 and num_seqs > 11 and max_seq_len > 714:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 6 workloads, 1.79x (1.62x .. 2.27x) over vllm_flashinfer_prefill
+    if 5404 < total_seq_len <= 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189:
+    # region 29: 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs <= 4 and max_seq_len <= 8189:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5404 and num_seqs <= 4 and max_seq_len > 8189:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 21: 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372:
+    # region 31: 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and max_seq_len <= 7170:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 4 and 104 < mean_seq_len <= 362 and max_seq_len <= 7170:
-        return 'flashinfer_direct'
-    # region 25: 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and 22 < num_seqs <= 90 and max_seq_len > 7170:
+    # region 33: 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and 22 < num_seqs <= 90 and max_seq_len > 7170:
         return 'cuda_prefill_staged.r64s4'
-    # region 26: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 7643 and num_seqs > 90 and max_seq_len > 7170:
+    # region 34: 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs > 29 and mean_seq_len <= 104 and max_seq_len <= 7170:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 35: 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs > 29 and mean_seq_len > 104 and max_seq_len <= 7170:
         return 'flashinfer_direct'
-    # region 27: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 22103 and num_seqs > 4 and mean_seq_len > 362 and max_seq_len <= 7170:
+    # region 36: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    if total_seq_len > 5404 and num_seqs > 90 and max_seq_len > 7170:
+        return 'flashinfer_direct'
+    # region 37: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+    if total_seq_len > 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259:  # region 31
+    if total_seq_len <= 2896 and 4 < num_seqs <= 10 and mean_seq_len > 9 and max_seq_len > 1356:  # region 15
         return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 3448 < total_seq_len <= 7643 and num_seqs <= 1:  # region 16
+    if 1448 < total_seq_len <= 2896 and 10 < num_seqs <= 21 and mean_seq_len > 9 and max_seq_len > 1259:  # region 35
         return True
     return False
