@@ -147,7 +147,8 @@ def main() -> int:
             t0 = time.perf_counter()
             host_error = None
             try:
-                v.fn(*[a.clone() if isinstance(a, torch.Tensor) and copy else a for a, copy in zip(args, copied, strict=True)])
+                v.fn(*[a.clone() if isinstance(a, torch.Tensor) and copy else a
+                       for a, copy in zip(args, copied, strict=True)])
             except Exception as exc:
                 if compiles.error is None:  # past the compiles: the host code on unwritten outputs
                     host_error = f"{type(exc).__name__}: {str(exc)[:300]}"
