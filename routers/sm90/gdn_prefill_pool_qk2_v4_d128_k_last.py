@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T09:31:47Z
+# measured    up to 2026-12-01T10:34:30Z
 # workloads   132 (workload-set digest 43a7afb111f4644e)
 # baseline    sglang_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -63,8 +63,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 17.85% mean, 278.18% max;
 #             1.890x over the baseline; 2 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 26.64% mean, 475.11% max;
-#             3.973x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 30.75% mean, 442.84% max;
+#             3.698x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 36 and num_seqs <= 2: cuda_prefill_pool_rows.k16c8, 3 workloads, 9.05x (4.34x .. 13.18x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k8c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   2. total_seq_len <= 196 and 2 < num_seqs <= 41: triton_prefill_fused.c16v32, 11 workloads, 7.00x (3.44x .. 10.08x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c16, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8
@@ -77,17 +77,18 @@
 #   9. total_seq_len > 3130 and num_seqs > 22: cuda_prefill_staged.r64s4, 12 workloads, 1.82x (1.16x .. 7.02x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4
 #   10. total_seq_len > 10203 and num_seqs <= 6: flashinfer_pool_inplace, 5 workloads, 1.10x (1.05x .. 1.13x) over sglang_flashinfer_prefill
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 405 and mean_seq_len <= 8: cuda_prefill_pool_rows.k8c8, 10 workloads, 9.80x (3.36x .. 16.76x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   2. total_seq_len <= 405 and 8 < mean_seq_len <= 120: cuda_prefill_pool_rows.k8c16, 22 workloads, 10.33x (5.25x .. 16.82x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   3. total_seq_len <= 405 and 120 < mean_seq_len <= 153: cuda_prefill_pool_rows.k16c16, 4 workloads, 6.66x (5.39x .. 8.10x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c16, triton_prefill_staged.c16v64, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   4. total_seq_len <= 405 and 153 < mean_seq_len <= 930: cuda_prefill_staged.r32s4, 2 workloads, 6.40x (6.19x .. 6.60x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v16, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v64, flashinfer_direct, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k2c8, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   5. num_seqs <= 2 and mean_seq_len > 930: cuda_prefill_cp.p16, 5 workloads, 3.37x (2.02x .. 5.78x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_pool_inplace
-#   6. 2 < num_seqs <= 4 and mean_seq_len > 930: cuda_prefill_cp.p4, 4 workloads, 3.86x (3.29x .. 4.49x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_pool_inplace
-#   7. num_seqs > 4 and mean_seq_len > 930: flashinfer_pool_inplace, 5 workloads, 1.45x (1.41x .. 1.51x) over sglang_flashinfer_prefill
-#   8. 405 < total_seq_len <= 528 and num_seqs <= 14 and mean_seq_len <= 930: cuda_prefill_staged.r64s4, 7 workloads, 6.53x (4.17x .. 9.76x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   9. 405 < total_seq_len <= 528 and num_seqs > 14 and mean_seq_len <= 930: triton_prefill_fused.c16v64, 12 workloads, 4.52x (2.36x .. 9.30x) over sglang_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, flashinfer_direct
-#   10. 528 < total_seq_len <= 1771 and mean_seq_len <= 930: cuda_prefill_staged.r64s4, 25 workloads, 5.38x (3.31x .. 13.66x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
-#   11. total_seq_len > 1771 and mean_seq_len <= 930: cuda_prefill_staged.r32s4, 36 workloads, 3.89x (1.84x .. 8.64x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   1. total_seq_len <= 432 and num_seqs <= 5 and 11 < mean_seq_len <= 316: cuda_prefill_pool_rows.k16c16, 18 workloads, 9.82x (5.48x .. 18.53x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   2. total_seq_len <= 526 and mean_seq_len <= 5: cuda_prefill_pool_rows.k8c8, 13 workloads, 9.03x (2.98x .. 19.04x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k16c16, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   3. total_seq_len <= 960 and num_seqs > 5 and 11 < mean_seq_len <= 316: cuda_prefill_pool_rows.k8c16, 20 workloads, 8.54x (3.39x .. 14.95x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   4. total_seq_len <= 3349 and mean_seq_len > 316: cuda_prefill_staged.r32s4, 9 workloads, 4.89x (3.61x .. 6.07x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v16, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, flashinfer_direct, flashinfer_pool_inplace.cp_off
+#   5. 5 < mean_seq_len <= 11: cuda_prefill_staged.r64s4, 6 workloads, 3.53x (2.63x .. 4.01x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   6. total_seq_len > 432 and num_seqs <= 5 and 11 < mean_seq_len <= 316: cuda_prefill_staged.r32s4, 6 workloads, 5.62x (4.81x .. 6.24x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, flashinfer_pool_inplace
+#   7. total_seq_len > 526 and mean_seq_len <= 5: cuda_prefill_staged.r64s4, 4 workloads, 3.61x (3.39x .. 3.95x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, flashinfer_direct, triton_prefill_chunked.v16, flashinfer_pool_inplace, flashinfer_pool_inplace.cp_off
+#   8. total_seq_len > 960 and num_seqs > 5 and 11 < mean_seq_len <= 316: cuda_prefill_staged.r64s4, 39 workloads, 3.67x (1.58x .. 6.81x) over sglang_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   9. 3349 < total_seq_len <= 11724 and num_seqs <= 2 and mean_seq_len > 316: cuda_prefill_cp.p8, 2 workloads, 3.25x (3.24x .. 3.26x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, flashinfer_pool_inplace
+#   10. total_seq_len > 3349 and 2 < num_seqs <= 4 and mean_seq_len > 316: cuda_prefill_cp.p4, 4 workloads, 3.57x (3.24x .. 4.49x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_cp.p16, flashinfer_pool_inplace
+#   11. total_seq_len > 3349 and num_seqs > 4 and mean_seq_len > 316: flashinfer_pool_inplace, 9 workloads, 1.45x (1.40x .. 1.51x) over sglang_flashinfer_prefill
+#   12. total_seq_len > 11724 and num_seqs <= 2 and mean_seq_len > 316: cuda_prefill_cp.p16, 2 workloads, 2.04x (2.02x .. 2.05x) over sglang_flashinfer_prefill; then cuda_prefill_cp.p8, flashinfer_pool_inplace
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -104,17 +105,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 8), 'total_seq_len': (None, 405)}, 'workloads': 10, 'speedup': (3.36, 9.8, 16.76), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (8, 120), 'total_seq_len': (None, 405)}, 'workloads': 22, 'speedup': (5.25, 10.33, 16.82), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (120, 153), 'total_seq_len': (None, 405)}, 'workloads': 4, 'speedup': (5.39, 6.66, 8.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (153, 930), 'total_seq_len': (None, 405)}, 'workloads': 2, 'speedup': (6.19, 6.4, 6.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (930, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (2.02, 3.37, 5.78), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_pool_inplace')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (930, None), 'num_seqs': (2, 4)}, 'workloads': 4, 'speedup': (3.29, 3.86, 4.49), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace')},
-    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (930, None), 'num_seqs': (4, None)}, 'workloads': 5, 'speedup': (1.41, 1.45, 1.51), 'fallbacks': ()},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 930), 'num_seqs': (None, 14), 'total_seq_len': (405, 528)}, 'workloads': 7, 'speedup': (4.17, 6.53, 9.76), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'mean_seq_len': (None, 930), 'num_seqs': (14, None), 'total_seq_len': (405, 528)}, 'workloads': 12, 'speedup': (2.36, 4.52, 9.3), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 930), 'total_seq_len': (528, 1771)}, 'workloads': 25, 'speedup': (3.31, 5.38, 13.66), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 930), 'total_seq_len': (1771, None)}, 'workloads': 36, 'speedup': (1.84, 3.89, 8.64), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c16', 'bounds': {'mean_seq_len': (11, 316), 'num_seqs': (None, 5), 'total_seq_len': (None, 432)}, 'workloads': 18, 'speedup': (5.48, 9.82, 18.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (None, 526)}, 'workloads': 13, 'speedup': (2.98, 9.03, 19.04), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c16', 'bounds': {'mean_seq_len': (11, 316), 'num_seqs': (5, None), 'total_seq_len': (None, 960)}, 'workloads': 20, 'speedup': (3.39, 8.54, 14.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (316, None), 'total_seq_len': (None, 3349)}, 'workloads': 9, 'speedup': (3.61, 4.89, 6.07), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (5, 11)}, 'workloads': 6, 'speedup': (2.63, 3.53, 4.01), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (11, 316), 'num_seqs': (None, 5), 'total_seq_len': (432, None)}, 'workloads': 6, 'speedup': (4.81, 5.62, 6.24), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 5), 'total_seq_len': (526, None)}, 'workloads': 4, 'speedup': (3.39, 3.61, 3.95), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (11, 316), 'num_seqs': (5, None), 'total_seq_len': (960, None)}, 'workloads': 39, 'speedup': (1.58, 3.67, 6.81), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (316, None), 'num_seqs': (None, 2), 'total_seq_len': (3349, 11724)}, 'workloads': 2, 'speedup': (3.24, 3.25, 3.26), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'flashinfer_pool_inplace')},
+    {'region': 10, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'mean_seq_len': (316, None), 'num_seqs': (2, 4), 'total_seq_len': (3349, None)}, 'workloads': 4, 'speedup': (3.24, 3.57, 4.49), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace')},
+    {'region': 11, 'variant': 'flashinfer_pool_inplace', 'bounds': {'mean_seq_len': (316, None), 'num_seqs': (4, None), 'total_seq_len': (3349, None)}, 'workloads': 9, 'speedup': (1.4, 1.45, 1.51), 'fallbacks': ()},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (316, None), 'num_seqs': (None, 2), 'total_seq_len': (11724, None)}, 'workloads': 2, 'speedup': (2.02, 2.04, 2.05), 'fallbacks': ('cuda_prefill_cp.p8', 'flashinfer_pool_inplace')},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -159,39 +161,42 @@ def route(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 10 workloads, 9.80x (3.36x .. 16.76x) over sglang_flashinfer_prefill
-    if total_seq_len <= 405 and mean_seq_len <= 8:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 2: 22 workloads, 10.33x (5.25x .. 16.82x) over sglang_flashinfer_prefill
-    if total_seq_len <= 405 and 8 < mean_seq_len <= 120:
-        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k8c16'
-    # region 3: 4 workloads, 6.66x (5.39x .. 8.10x) over sglang_flashinfer_prefill
-    if total_seq_len <= 405 and 120 < mean_seq_len <= 153:
-        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k16c16'
-    # region 4: 2 workloads, 6.40x (6.19x .. 6.60x) over sglang_flashinfer_prefill
-    if total_seq_len <= 405 and 153 < mean_seq_len <= 930:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v16', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 5 workloads, 3.37x (2.02x .. 5.78x) over sglang_flashinfer_prefill
-    if num_seqs <= 2 and mean_seq_len > 930:
-        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p16'
-    # region 6: 4 workloads, 3.86x (3.29x .. 4.49x) over sglang_flashinfer_prefill
-    if 2 < num_seqs <= 4 and mean_seq_len > 930:
+    # region 1: 18 workloads, 9.82x (5.48x .. 18.53x) over sglang_flashinfer_prefill
+    if total_seq_len <= 432 and num_seqs <= 5 and 11 < mean_seq_len <= 316:
+        return ('cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k16c16'
+    # region 2: 13 workloads, 9.03x (2.98x .. 19.04x) over sglang_flashinfer_prefill
+    if total_seq_len <= 526 and mean_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 20 workloads, 8.54x (3.39x .. 14.95x) over sglang_flashinfer_prefill
+    if total_seq_len <= 960 and num_seqs > 5 and 11 < mean_seq_len <= 316:
+        return ('cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k8c16'
+    # region 4: 9 workloads, 4.89x (3.61x .. 6.07x) over sglang_flashinfer_prefill
+    if total_seq_len <= 3349 and mean_seq_len > 316:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 5: 6 workloads, 3.53x (2.63x .. 4.01x) over sglang_flashinfer_prefill
+    if 5 < mean_seq_len <= 11:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 6 workloads, 5.62x (4.81x .. 6.24x) over sglang_flashinfer_prefill
+    if total_seq_len > 432 and num_seqs <= 5 and 11 < mean_seq_len <= 316:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 4 workloads, 3.61x (3.39x .. 3.95x) over sglang_flashinfer_prefill
+    if total_seq_len > 526 and mean_seq_len <= 5:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'triton_prefill_chunked.v16', 'flashinfer_pool_inplace', 'flashinfer_pool_inplace.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 8: 39 workloads, 3.67x (1.58x .. 6.81x) over sglang_flashinfer_prefill
+    if total_seq_len > 960 and num_seqs > 5 and 11 < mean_seq_len <= 316:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 2 workloads, 3.25x (3.24x .. 3.26x) over sglang_flashinfer_prefill
+    if 3349 < total_seq_len <= 11724 and num_seqs <= 2 and mean_seq_len > 316:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p8'
+    # region 10: 4 workloads, 3.57x (3.24x .. 4.49x) over sglang_flashinfer_prefill
+    if total_seq_len > 3349 and 2 < num_seqs <= 4 and mean_seq_len > 316:
         return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p4'
-    # region 7: 5 workloads, 1.45x (1.41x .. 1.51x) over sglang_flashinfer_prefill
-    if num_seqs > 4 and mean_seq_len > 930:
+    # region 11: 9 workloads, 1.45x (1.40x .. 1.51x) over sglang_flashinfer_prefill
+    if total_seq_len > 3349 and num_seqs > 4 and mean_seq_len > 316:
         return 'flashinfer_pool_inplace'
-    # region 8: 7 workloads, 6.53x (4.17x .. 9.76x) over sglang_flashinfer_prefill
-    if 405 < total_seq_len <= 528 and num_seqs <= 14 and mean_seq_len <= 930:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k16c16', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c16', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 12 workloads, 4.52x (2.36x .. 9.30x) over sglang_flashinfer_prefill
-    if 405 < total_seq_len <= 528 and num_seqs > 14 and mean_seq_len <= 930:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 10: 25 workloads, 5.38x (3.31x .. 13.66x) over sglang_flashinfer_prefill
-    if 528 < total_seq_len <= 1771 and mean_seq_len <= 930:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64', 'triton_prefill_chunked.v16', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 36 workloads, 3.89x (1.84x .. 8.64x) over sglang_flashinfer_prefill
-    if total_seq_len > 1771 and mean_seq_len <= 930:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 12: 2 workloads, 2.04x (2.02x .. 2.05x) over sglang_flashinfer_prefill
+    if total_seq_len > 11724 and num_seqs <= 2 and mean_seq_len > 316:
+        return ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_cp.p16'
     return 'sglang_flashinfer_prefill'
 
 
@@ -202,8 +207,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 5.44% mean, 60.43% max;
 #             2.066x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.01% mean, 159.38% max;
-#             4.165x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 18.91% mean, 174.53% max;
+#             4.097x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 2 and max_seq_len <= 1: cuda_prefill_pool_rows.k16c8, 1 workloads, 13.18x (13.18x .. 13.18x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k1c8, triton_prefill_staged.c16v64, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
 #   2. total_seq_len <= 5 and 1 < max_seq_len <= 3: cuda_prefill_pool_rows.k16c8, 1 workloads, 12.97x (12.97x .. 12.97x) over sglang_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c16, cuda_prefill_pool_rows.k8c16, cuda_prefill_pool_rows.k4c16, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k2c16, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k1c8, flashinfer_direct, flashinfer_pool_inplace.cp_off, triton_prefill_chunked.v16, triton_prefill_chunked.v64, flashinfer_pool_inplace
@@ -243,11 +248,15 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots):
 #   36. total_seq_len > 14429 and 90 < num_seqs <= 181 and max_seq_len > 9544: sglang_flashinfer_prefill (baseline), 0 workloads
 #   37. total_seq_len > 14429 and num_seqs > 181 and max_seq_len > 2047: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
 # regions     eager calls: `route_hinted_eager`
-#   1. mean_seq_len <= 930: cuda_prefill_staged.r32s4, 118 workloads, 4.67x (1.84x .. 14.10x) over sglang_flashinfer_prefill
-#   2. mean_seq_len > 930 and max_seq_len <= 6395: cuda_prefill_staged.r32s4, 7 workloads, 3.79x (2.95x .. 4.73x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   3. mean_seq_len > 930 and 6395 < max_seq_len <= 8186: flashinfer_pool_inplace, 3 workloads, 1.43x (1.40x .. 1.45x) over sglang_flashinfer_prefill
-#   4. mean_seq_len > 930 and 8186 < max_seq_len <= 9544: cuda_prefill_staged.r32s4, 1 workloads, 2.35x (2.35x .. 2.35x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
-#   5. mean_seq_len > 930 and max_seq_len > 9544: flashinfer_pool_inplace, 3 workloads, 1.45x (1.39x .. 1.51x) over sglang_flashinfer_prefill
+#   1. total_seq_len <= 10203 and num_seqs <= 1 and mean_seq_len > 447 and max_seq_len > 7658: flashinfer_pool_inplace, 1 workloads, 1.45x (1.45x .. 1.45x) over sglang_flashinfer_prefill
+#   2. total_seq_len <= 10203 and num_seqs > 1 and mean_seq_len > 447 and max_seq_len > 7658: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
+#   3. total_seq_len <= 22750 and mean_seq_len > 447 and max_seq_len <= 5387: cuda_prefill_staged.r32s4, 16 workloads, 4.32x (1.92x .. 6.11x) over sglang_flashinfer_prefill
+#   4. total_seq_len <= 22750 and mean_seq_len > 447 and 5387 < max_seq_len <= 7658: flashinfer_pool_inplace, 4 workloads, 1.44x (1.40x .. 1.49x) over sglang_flashinfer_prefill
+#   5. mean_seq_len <= 447: cuda_prefill_staged.r32s4, 107 workloads, 4.58x (1.84x .. 7.10x) over sglang_flashinfer_prefill
+#   6. 10203 < total_seq_len <= 22750 and mean_seq_len > 447 and 7658 < max_seq_len <= 9544: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then flashinfer_pool_inplace
+#   7. 10203 < total_seq_len <= 22750 and mean_seq_len > 447 and max_seq_len > 9544: flashinfer_pool_inplace, 2 workloads, 1.45x (1.39x .. 1.51x) over sglang_flashinfer_prefill
+#   8. total_seq_len > 22750 and mean_seq_len > 447 and max_seq_len <= 11585: cuda_prefill_staged.r32s4, 1 workloads, 2.95x (2.95x .. 2.95x) over sglang_flashinfer_prefill; then flashinfer_pool_inplace
+#   9. total_seq_len > 22750 and mean_seq_len > 447 and max_seq_len > 11585: flashinfer_pool_inplace, 1 workloads, 1.45x (1.45x .. 1.45x) over sglang_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 1), 'total_seq_len': (None, 2)}, 'workloads': 1, 'speedup': (13.18, 13.18, 13.18), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c16', 'cuda_prefill_pool_rows.k8c16', 'cuda_prefill_pool_rows.k4c16', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k2c16', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k1c8', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'flashinfer_pool_inplace.cp_off', 'triton_prefill_chunked.v16', 'triton_prefill_chunked.v64', 'flashinfer_pool_inplace')},
@@ -290,11 +299,15 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 930)}, 'workloads': 118, 'speedup': (1.84, 4.67, 14.1), 'fallbacks': ()},
-    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 6395), 'mean_seq_len': (930, None)}, 'workloads': 7, 'speedup': (2.95, 3.79, 4.73), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 3, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (6395, 8186), 'mean_seq_len': (930, None)}, 'workloads': 3, 'speedup': (1.4, 1.43, 1.45), 'fallbacks': ()},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8186, 9544), 'mean_seq_len': (930, None)}, 'workloads': 1, 'speedup': (2.35, 2.35, 2.35), 'fallbacks': ('flashinfer_pool_inplace',)},
-    {'region': 5, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (9544, None), 'mean_seq_len': (930, None)}, 'workloads': 3, 'speedup': (1.39, 1.45, 1.51), 'fallbacks': ()},
+    {'region': 1, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (7658, None), 'mean_seq_len': (447, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 10203)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
+    {'region': 2, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7658, None), 'mean_seq_len': (447, None), 'num_seqs': (1, None), 'total_seq_len': (None, 10203)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 5387), 'mean_seq_len': (447, None), 'total_seq_len': (None, 22750)}, 'workloads': 16, 'speedup': (1.92, 4.32, 6.11), 'fallbacks': ()},
+    {'region': 4, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (5387, 7658), 'mean_seq_len': (447, None), 'total_seq_len': (None, 22750)}, 'workloads': 4, 'speedup': (1.4, 1.44, 1.49), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 447)}, 'workloads': 107, 'speedup': (1.84, 4.58, 7.1), 'fallbacks': ()},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7658, 9544), 'mean_seq_len': (447, None), 'total_seq_len': (10203, 22750)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 7, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (9544, None), 'mean_seq_len': (447, None), 'total_seq_len': (10203, 22750)}, 'workloads': 2, 'speedup': (1.39, 1.45, 1.51), 'fallbacks': ()},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 11585), 'mean_seq_len': (447, None), 'total_seq_len': (22750, None)}, 'workloads': 1, 'speedup': (2.95, 2.95, 2.95), 'fallbacks': ('flashinfer_pool_inplace',)},
+    {'region': 9, 'variant': 'flashinfer_pool_inplace', 'bounds': {'max_seq_len': (11585, None), 'mean_seq_len': (447, None), 'total_seq_len': (22750, None)}, 'workloads': 1, 'speedup': (1.45, 1.45, 1.45), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -414,19 +427,31 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, num_slots, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 118 workloads, 4.67x (1.84x .. 14.10x) over sglang_flashinfer_prefill
-    if mean_seq_len <= 930:
-        return 'cuda_prefill_staged.r32s4'
-    # region 2: 7 workloads, 3.79x (2.95x .. 4.73x) over sglang_flashinfer_prefill
-    if mean_seq_len > 930 and max_seq_len <= 6395:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
-    # region 3: 3 workloads, 1.43x (1.40x .. 1.45x) over sglang_flashinfer_prefill
-    if mean_seq_len > 930 and 6395 < max_seq_len <= 8186:
+    # region 1: 1 workloads, 1.45x (1.45x .. 1.45x) over sglang_flashinfer_prefill
+    if total_seq_len <= 10203 and num_seqs <= 1 and mean_seq_len > 447 and max_seq_len > 7658:
         return 'flashinfer_pool_inplace'
-    # region 4: 1 workloads, 2.35x (2.35x .. 2.35x) over sglang_flashinfer_prefill
-    if mean_seq_len > 930 and 8186 < max_seq_len <= 9544:
+    # region 2: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 10203 and num_seqs > 1 and mean_seq_len > 447 and max_seq_len > 7658:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
-    # region 5: 3 workloads, 1.45x (1.39x .. 1.51x) over sglang_flashinfer_prefill
-    if mean_seq_len > 930 and max_seq_len > 9544:
+    # region 3: 16 workloads, 4.32x (1.92x .. 6.11x) over sglang_flashinfer_prefill
+    if total_seq_len <= 22750 and mean_seq_len > 447 and max_seq_len <= 5387:
+        return 'cuda_prefill_staged.r32s4'
+    # region 4: 4 workloads, 1.44x (1.40x .. 1.49x) over sglang_flashinfer_prefill
+    if total_seq_len <= 22750 and mean_seq_len > 447 and 5387 < max_seq_len <= 7658:
+        return 'flashinfer_pool_inplace'
+    # region 5: 107 workloads, 4.58x (1.84x .. 7.10x) over sglang_flashinfer_prefill
+    if mean_seq_len <= 447:
+        return 'cuda_prefill_staged.r32s4'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if 10203 < total_seq_len <= 22750 and mean_seq_len > 447 and 7658 < max_seq_len <= 9544:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 2 workloads, 1.45x (1.39x .. 1.51x) over sglang_flashinfer_prefill
+    if 10203 < total_seq_len <= 22750 and mean_seq_len > 447 and max_seq_len > 9544:
+        return 'flashinfer_pool_inplace'
+    # region 8: 1 workloads, 2.95x (2.95x .. 2.95x) over sglang_flashinfer_prefill
+    if total_seq_len > 22750 and mean_seq_len > 447 and max_seq_len <= 11585:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_pool_inplace') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 1 workloads, 1.45x (1.45x .. 1.45x) over sglang_flashinfer_prefill
+    if total_seq_len > 22750 and mean_seq_len > 447 and max_seq_len > 11585:
         return 'flashinfer_pool_inplace'
     return 'sglang_flashinfer_prefill'
