@@ -572,3 +572,40 @@ def test_a_job_takes_its_variants_eager_times_in_turns(toy):
     paired = by["toy_slower"]["metrics"]["eager_paired"]  # each call over the baseline's of its round
     assert paired["baseline"] == "toy_slow" and paired["median"] > 1.5 and paired["p90"] >= paired["median"]
     assert "eager_paired" not in by["toy_slow"]["metrics"]
+
+
+def test_a_job_without_the_baseline_pairs_its_rows_with_the_baselines_calls(toy):
+    """A tune of one new variant (the baseline measured earlier, not pending): the baseline's call
+    still takes the turns, so the new row is paired with it (`eager_paired`, 4 ms slower a call:
+    ratio > 1.5), and no baseline row is emitted. A baseline that raises on the workload leaves the
+    row unpaired rather than failing the turns."""
+    import time
+
+    from kdispatch.tuner.job import Job, run_job
+
+    registry.variant(NAME, "toy_base", backend="torch", archs=("*",))(lambda x, alpha: (time.sleep(0.001), x * alpha)[1])
+    registry.variant(NAME, "toy_new", backend="torch", archs=("*",))(lambda x, alpha: (time.sleep(0.005), x * alpha)[1])
+
+    def broken(x, alpha):
+        raise RuntimeError("cannot take this shape")
+
+    registry.variant(NAME, "toy_broken_base", backend="torch", archs=("*",))(broken)
+    runs = {}
+    try:
+        for base in ("toy_base", "toy_broken_base"):
+            rows = []
+            work = Job(NAME, [{"uuid": "toy-companion", "axes": {"num_rows": 3}, "inputs": {}}],
+                       {"toy-companion": ["toy_new"]}, device="cpu", quick=True,
+                       extra={"eager_turns": True, "baseline": base})
+            run_job(work, lambda kind, *p: rows.append(p[0]) if kind == "result" else None)
+            runs[base] = rows
+    finally:
+        for n in ("toy_base", "toy_new", "toy_broken_base"):
+            registry.unregister(NAME, n)
+    (row,) = runs["toy_base"]
+    assert row["variant"] == "toy_new" and "eager_turns_s" in row["metrics"], row
+    paired = row["metrics"]["eager_paired"]
+    assert paired["baseline"] == "toy_base" and paired["median"] > 1.5, paired
+    (row,) = runs["toy_broken_base"]
+    assert row["variant"] == "toy_new" and row["status"] == "PASSED" and "eager_turns_s" in row["metrics"], row
+    assert "eager_paired" not in row["metrics"]

@@ -13,7 +13,12 @@ can differ by the spell each fell in; in turns every one sees every spell, and e
 other code, as in serving, not in a hot loop of its own: benchmarks/results/eager-protocol-H200.txt,
 where the library variants' host paths slow the most (FlashInfer's decode 46.6 -> 69.3 us a call,
 fla's 104 -> 129, kdispatch's CUDA decode 27.8 -> 29.0; the routed op over its variant's direct
-call +2.3 -> +4.1).
+call +2.3 -> +4.1). Where the baseline is not among a workload's pending variants (a tune of new
+variants only), its call takes the turns all the same, its row untouched (`_companion`): each new
+row is then paired with it, as the eager fit compares them; unpaired, the fit falls back to the two
+rows' spreads from different runs, and FlashInfer's wide eager spread kept the contest prefill's
+eager router at the baseline on 39 workloads where `cuda_prefill_staged.r32s4` was faster on 37
+(H200, 2026-12-01: the held-out eager regret 27.7% mean unpaired, 10.1% once retaken in turns).
 `tune --eager-turns-only` runs `retake_eager_job` instead: the turns alone, on rows a tune stored.
 A crash then loses the workload's rows timed before it (the restarted worker measures them again);
 one during the turns blames no variant. The tune keeps each variant's own eager loop unless asked:
@@ -218,7 +223,9 @@ def run_job(job: Job, emit: Callable) -> None:
             emit("start", EAGER_TURNS, w["uuid"])  # a crash now blames none of the variants (tuner/pool.py)
             t_turns = time.perf_counter()
             try:
-                took = _eager_in_turns(definition, timed_rows, trials[0][0], budget, l2, job.extra.get("baseline"))
+                base = job.extra.get("baseline")
+                took = _eager_in_turns(definition, timed_rows, trials[0][0], budget, l2, base,
+                                       _companion(definition, base, w, trials[0][0], timed_rows))
                 outcome = {"eager_turns_s": round(time.perf_counter() - t_turns, 3)}
             except gate.ContextLost:
                 _emit_timed(emit, w, timed_rows)
@@ -240,14 +247,34 @@ def _emit_timed(emit: Callable, w: dict, timed_rows: list) -> None:
     timed_rows.clear()
 
 
-def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2: int, baseline: str | None) -> set:
+def _companion(definition: str, baseline: str | None, w: dict, args, timed_rows: list) -> Callable | None:
+    """The baseline's call (as its rows time it) where the workload's timed rows lack the baseline
+    (a tune of some variants only): it takes the turns too, so that their rows are paired with it,
+    its own row untouched. None where it is among them, or cannot be loaded or run on these inputs
+    (the rows then go unpaired, compared by their spreads: tuner/fit.py)."""
+    if baseline is None or not timed_rows or any(r[0] == baseline for r in timed_rows):
+        return None
+    try:
+        timed = timed_fn(definition, baseline, resolve_fn(definition, baseline, w))
+        with torch.no_grad():
+            timed(*gate.private_copy(definition, args))
+    except gate.ContextLost:
+        raise
+    except Exception:  # noqa: BLE001 - an unpaired row is what a tune without the companion stores
+        return None
+    return timed
+
+
+def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2: int, baseline: str | None,
+                    companion: Callable | None = None) -> set:
     """Replaces the eager times of the timed rows (and of a guarded baseline's guarded call) with
     ones taken in turns (`timing.eager_in_turns`) and returns their names; rows at or over SLOW_US
     keep their probe's. Where
     the `baseline` took its turns too, each other row also gets its calls' ratios to the baseline's
     of the same round (metrics "eager_paired": median and 90th percentile): both met the same spell
     of the host, so the ratio's spread is the comparison's own, not two calls' spreads added
-    (tuner/fit.py)."""
+    (tuner/fit.py). `companion`: the baseline's call where it has no row here (`_companion`), in the
+    turns for the pairing alone."""
     fns, first = {}, {}
     for name, verdict, timing, timed, guarded in timed_rows:
         if timing.eager_us is not None and timing.eager_us < SLOW_US:
@@ -257,6 +284,8 @@ def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2:
                 fns[(name, "guarded")], first[(name, "guarded")] = guarded, g["eager_us"]
     if not fns:
         return set()
+    if companion is not None:  # as many rounds as without it: its first estimate the others' median
+        fns[baseline], first[baseline] = companion, statistics.median(first.values())
     samples = eager_in_turns(definition, fns, args, budget, l2, first)
     times = {n: (statistics.median(x), percentile(x, 0.1), percentile(x, 0.9)) for n, x in samples.items()}
     base = samples.get(baseline)
@@ -275,7 +304,7 @@ def _eager_in_turns(definition: str, timed_rows: list, args, budget: Budget, l2:
             g["eager_us"], g["eager_p10_us"], g["eager_p90_us"] = times[(name, "guarded")]
             if cpu:
                 g["median_us"], g["p10_us"], g["p90_us"] = times[(name, "guarded")]
-    return {n for n in fns if isinstance(n, str)}
+    return {n for n in fns if isinstance(n, str) and not (companion is not None and n == baseline)}
 
 
 def retake_eager_job(job: Job, emit: Callable) -> None:
@@ -312,7 +341,9 @@ def retake_eager_job(job: Job, emit: Callable) -> None:
                 verdict = Verdict(PASSED, metrics={} if guarded_us is None else {"guarded": {"eager_us": guarded_us}})
                 timing = Timing(method, 0.0, 0.0, 0.0, eager_us, 0, 0)
                 timed_rows.append((name, verdict, timing, timed, fn if timed is not fn else None))
-            took = _eager_in_turns(definition, timed_rows, args, budget, l2, job.extra.get("baseline"))
+            base = job.extra.get("baseline")
+            took = _eager_in_turns(definition, timed_rows, args, budget, l2, base,
+                                   _companion(definition, base, w, args, timed_rows))
         except gate.ContextLost:
             raise
         except Exception as exc:  # noqa: BLE001 - the rows keep their times (tuner/flows.py stores none of these)
