@@ -609,3 +609,34 @@ def test_a_job_without_the_baseline_pairs_its_rows_with_the_baselines_calls(toy)
     (row,) = runs["toy_broken_base"]
     assert row["variant"] == "toy_new" and row["status"] == "PASSED" and "eager_turns_s" in row["metrics"], row
     assert "eager_paired" not in row["metrics"]
+
+
+def test_a_tune_of_a_new_variant_pairs_its_eager_rows_and_route_warns_of_unpaired_ones(tmp_path, toy):
+    """A turns tune of a variant registered after the first tune (the baseline's rows already stored)
+    still pairs its eager rows with the baseline's calls, so `route` finds nothing unpaired; a turns
+    row without its pairing (as tunes before the baseline's companion stored them) gets a warning
+    naming the retake."""
+    import dataclasses
+    import io
+
+    write_traces(tmp_path, (2, 5))
+    store = tmp_path / "store" / "cpu.sqlite"
+    kw = dict(definitions=["toy_scale"], device="cpu", env=ENV, store=store, out=tmp_path / "routers", quick=True,
+              eager_turns=True, stream=open(os.devnull, "w"))
+    flows.tune(tmp_path / "traces", **kw)
+    registry.variant(NAME, "toy_twin", backend="torch", archs=("*",))(lambda x, alpha: x * alpha)
+    try:
+        flows.tune(tmp_path / "traces", **kw)
+        twin = [r for r in Store.open(store).results(NAME) if r.variant == "toy_twin"]
+        assert twin and all(r.metrics["eager_paired"]["baseline"] != "toy_twin" for r in twin), twin
+        said = io.StringIO()
+        flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+        assert "without the baseline's call" not in said.getvalue()
+        Store.open(store).put(dataclasses.replace(twin[0], metrics={
+            k: v for k, v in twin[0].metrics.items() if k != "eager_paired"}))
+        said = io.StringIO()
+        flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+    finally:
+        registry.unregister(NAME, "toy_twin")
+    assert "toy_scale on CPU: 1 rows took their eager times in turns without the baseline's call" in said.getvalue()
+    assert "--eager-turns-only --retake-before " in said.getvalue()

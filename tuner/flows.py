@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import io
 import multiprocessing
 import os
@@ -167,6 +168,7 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
             table = fitting.load_table(store, d, env["arch"], in_sets[d])
             if table is not None:
                 _warn_mixed_eager(table, stream, "tune")
+                _warn_unpaired_eager(table, stream, "tune")
     if compile_routers:
         uuids = {p.definition: [w["uuid"] for w in p.workloads] for p in plans}
         out = out if out is not None else (QUICK_DIR / "routers" if quick else ROUTERS_DIR)
@@ -286,6 +288,7 @@ def fit_policies(store: Store, arch: str | None = None, definitions=None, uuids:
             table = _without_retired(table, said)
             _warn_stale(table, said)
             _warn_mixed_eager(table, said)
+            _warn_unpaired_eager(table, said)
             joint = _without_unmeasured(table, said, params=params)
             tables = [(None, joint)]
             if len(table.devices) > 1:  # each device measured also gets a policy fitted on its rows alone
@@ -576,6 +579,36 @@ def _warn_mixed_eager(table, stream, step: str = "route") -> bool:
                          "same --workloads and --store: no gate, no graph timing), or re-measure it one way "
                          "(`--force`)\n")
     return mixed
+
+
+def _warn_unpaired_eager(table, stream, step: str = "route") -> int:
+    """Warns where rows took their eager times in turns without the baseline's call among them (a
+    tune of new variants before tuner/job.py `_companion`): the eager fit then compares them with the
+    baseline's row of another run by the two spreads, not round by round (tuner/fit.py), and a wide
+    baseline spread hides wins (the contest prefill, 2026-12-01). Returns how many such rows."""
+    short = defs.get(table.definition).short
+    total = 0
+    for e in table.devices:
+        t = table.on_device(e["device"])
+        unpaired = [r for (n, u), r in t.rows.items()
+                    if n != t.baseline and r.passed and r.eager_us is not None and r.eager_us < SLOW_US
+                    and "eager_turns_s" in (r.metrics or {})
+                    and (r.metrics.get("eager_paired") or {}).get("baseline") != t.baseline
+                    and (b := t.rows.get((t.baseline, u))) is not None and b.passed]
+        if unpaired:
+            total += len(unpaired)
+            newest = max(r.measured_at for r in unpaired)
+            stream.write(f"[{step}] warning: {short} on {e['device']}: {len(unpaired)} rows took their eager times "
+                         f"in turns without the baseline's call, so the eager fit compares them with the baseline "
+                         f"by spreads: take them again (`kdispatch tune --eager-turns-only --retake-before "
+                         f"{_a_second_after(newest)} --definitions {short}`, with the same --workloads and --store)\n")
+    return total
+
+
+def _a_second_after(stamp: str) -> str:
+    """The UTC time one second after `stamp` (the store's "2026-12-01T09:31:05Z" form)."""
+    t = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ") + datetime.timedelta(seconds=1)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:
