@@ -48,7 +48,9 @@ def _utc(text: str) -> str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO time: {text!r} (e.g. 2026-11-29T22:02:00Z)") from None
     t = t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    from .job import STAMP
+
+    return t.strftime(STAMP)
 
 
 def _store_arg(p, many=True):

@@ -30,7 +30,7 @@ from kdispatch.checks import PASSED
 
 from . import codegen, features
 from . import fit as fitting
-from .job import ROUTED_HINTED, WARM_SKIPS, now
+from .job import ROUTED_HINTED, STAMP, WARM_SKIPS, now
 from .plan import (QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, retake_plan,
                    workload_dicts)
 from .pool import Progress, clock, execute
@@ -607,8 +607,7 @@ def _warn_unpaired_eager(table, stream, step: str = "route") -> int:
 
 def _a_second_after(stamp: str) -> str:
     """The UTC time one second after `stamp` (the store's "2026-12-01T09:31:05Z" form)."""
-    t = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ") + datetime.timedelta(seconds=1)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (datetime.datetime.strptime(stamp, STAMP) + datetime.timedelta(seconds=1)).strftime(STAMP)
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:

@@ -54,6 +54,7 @@ from .stats import percentile
 from .timing import SLOW_US, Budget, Timing, eager_in_turns, measure, screen_us
 
 ROUTED_HINTED = "routed_hinted"  # bench pseudo-variant: the routed op given the workload's call-time hints
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # the store's `measured_at` (ISO, UTC, whole seconds)
 EAGER_TURNS = "eager times in turns"  # what a worker is doing after a workload's variants (`_eager_in_turns`)
 
 @dataclass
@@ -77,7 +78,7 @@ class Job:
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.timezone.utc).strftime(STAMP)
 
 
 def resolve_fn(definition: str, name: str, workload: dict | None = None) -> Callable:
