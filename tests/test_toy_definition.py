@@ -636,7 +636,22 @@ def test_a_tune_of_a_new_variant_pairs_its_eager_rows_and_route_warns_of_unpaire
             k: v for k, v in twin[0].metrics.items() if k != "eager_paired"}))
         said = io.StringIO()
         flows.compile_all(Store.open(store), tmp_path / "routers", "cpu", ["toy_scale"], stream=said)
+        assert "toy_scale on CPU: 1 rows took their eager times in turns without the baseline's call" in said.getvalue()
+        assert "`kdispatch tune --eager-turns-only --definitions toy_scale`" in said.getvalue()
+        # what the warning names takes that row again alone, the baseline's call for company, and pairs it
+        pend = flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                             stream=io.StringIO(), eager_only=True)[NAME]
+        assert pend == {"toy_twin": 1}, pend
+        base_rows = {r.uuid: r for r in Store.open(store).results(NAME) if r.variant != "toy_twin"}
+        flows.tune(tmp_path / "traces", **{**kw, "eager_turns": False}, eager_only=True)
+        retaken = next(r for r in Store.open(store).results(NAME) if (r.variant, r.uuid) == ("toy_twin", twin[0].uuid))
+        assert retaken.metrics["eager_paired"]["baseline"] == registry.baseline(NAME, "cpu").name
+        assert {r.uuid: r for r in Store.open(store).results(NAME) if r.variant != "toy_twin"} == base_rows
+        assert not flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                                 stream=io.StringIO(), eager_only=True)[NAME]
+        forced = [flows.pending(tmp_path / "traces", definitions=["toy_scale"], device="cpu", store=store,
+                                stream=io.StringIO(), eager_only=True, force=True, **only)[NAME]
+                  for only in ({}, {"variants": ["toy_twin"]})]
+        assert set(forced[1]) == {"toy_twin", registry.baseline(NAME, "cpu").name} < set(forced[0]), forced
     finally:
         registry.unregister(NAME, "toy_twin")
-    assert "toy_scale on CPU: 1 rows took their eager times in turns without the baseline's call" in said.getvalue()
-    assert "--eager-turns-only --retake-before " in said.getvalue()

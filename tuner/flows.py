@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import io
 import multiprocessing
 import os
@@ -30,9 +29,9 @@ from kdispatch.checks import PASSED
 
 from . import codegen, features
 from . import fit as fitting
-from .job import ROUTED_HINTED, STAMP, WARM_SKIPS, now
+from .job import ROUTED_HINTED, WARM_SKIPS, now
 from .plan import (QUICK_DIR, ROUTERS_DIR, Plan, detect_environment, make_jobs, parse_devices, plan, retake_plan,
-                   workload_dicts)
+                   unpaired_in_turns, workload_dicts)
 from .pool import Progress, clock, execute
 from .stats import MODES, beats, geomean, slower, timed
 from .store import RESULTS_DIR, Result, Store, default_path, slug, stores_in
@@ -97,7 +96,8 @@ def tune(roots, *, definitions=None, variants=None, skip_variants=None, device: 
     eid = store.add_env(env)
     names = [defs.resolve_name(d) for d in (definitions or defs.names())]
     if eager_only:
-        retakes = [retake_plan(store, eid, env["arch"], roots, d, quick, force, SLOW_US, taken_before=retake_before)
+        retakes = [retake_plan(store, eid, env["arch"], roots, d, quick, force, SLOW_US, taken_before=retake_before,
+                               variant_names=set(variants) if variants else None, skip=set(skip_variants or ()))
                    for d in names]
         plans, retaken = [p for p, _ in retakes], {p.definition: rows for p, rows in retakes}
     else:
@@ -421,7 +421,8 @@ def pending(roots, *, definitions=None, variants=None, skip_variants=None, devic
     out, total = {}, 0
     for d in [defs.resolve_name(x) for x in (definitions or defs.names())]:
         p = (retake_plan(st, eid, env["arch"], roots, d, force=force, slow_us=SLOW_US, hash_of=hash_of, runs=runs,
-                         taken_before=retake_before)[0]
+                         taken_before=retake_before, variant_names=set(variants) if variants else None,
+                         skip=set(skip_variants or ()))[0]
              if eager_only else plan(st, eid, env["arch"], roots, d, set(variants) if variants else None,
                                      force=force, skip=set(skip_variants or ()), hash_of=hash_of, runs=runs))
         counts: dict[str, int] = {}
@@ -582,32 +583,21 @@ def _warn_mixed_eager(table, stream, step: str = "route") -> bool:
 
 
 def _warn_unpaired_eager(table, stream, step: str = "route") -> int:
-    """Warns where rows took their eager times in turns without the baseline's call among them (a
-    tune of new variants before tuner/job.py `_companion`): the eager fit then compares them with the
-    baseline's row of another run by the two spreads, not round by round (tuner/fit.py), and a wide
-    baseline spread hides wins (the contest prefill, 2026-12-01). Returns how many such rows."""
+    """Warns where rows took their eager times in turns without the baseline's call among them
+    (tuner/plan.py `unpaired_in_turns`): a wide baseline spread then hides wins (the contest prefill,
+    2026-12-01). Returns how many such rows."""
     short = defs.get(table.definition).short
     total = 0
     for e in table.devices:
         t = table.on_device(e["device"])
-        unpaired = [r for (n, u), r in t.rows.items()
-                    if n != t.baseline and r.passed and r.eager_us is not None and r.eager_us < SLOW_US
-                    and "eager_turns_s" in (r.metrics or {})
-                    and (r.metrics.get("eager_paired") or {}).get("baseline") != t.baseline
-                    and (b := t.rows.get((t.baseline, u))) is not None and b.passed]
+        unpaired = [r for (n, u), r in t.rows.items() if unpaired_in_turns(r, t.baseline, t.rows.get((t.baseline, u)))]
         if unpaired:
             total += len(unpaired)
-            newest = max(r.measured_at for r in unpaired)
             stream.write(f"[{step}] warning: {short} on {e['device']}: {len(unpaired)} rows took their eager times "
                          f"in turns without the baseline's call, so the eager fit compares them with the baseline "
-                         f"by spreads: take them again (`kdispatch tune --eager-turns-only --retake-before "
-                         f"{_a_second_after(newest)} --definitions {short}`, with the same --workloads and --store)\n")
+                         f"by spreads: take them again (`kdispatch tune --eager-turns-only --definitions {short}`, "
+                         f"with the same --workloads and --store)\n")
     return total
-
-
-def _a_second_after(stamp: str) -> str:
-    """The UTC time one second after `stamp` (the store's "2026-12-01T09:31:05Z" form)."""
-    return (datetime.datetime.strptime(stamp, STAMP) + datetime.timedelta(seconds=1)).strftime(STAMP)
 
 
 def _warn_stale(table, stream, step: str = "route") -> list[str]:

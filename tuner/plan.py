@@ -24,6 +24,7 @@ from kdispatch import registry
 from . import features
 from .job import ROUTED_HINTED, Job
 from .store import RESULTS_DIR, Store
+from .timing import SLOW_US
 
 ROUTERS_DIR = Path(__file__).resolve().parents[1] / "routers"
 QUICK_DIR = RESULTS_DIR / "quick"
@@ -182,7 +183,7 @@ def plan(store: Store, env_id: str, arch: str, roots, definition: str, variant_n
 
 def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, quick: bool = False,
                 force: bool = False, slow_us: float = float("inf"), hash_of=None, runs=None,
-                taken_before: str | None = None) -> tuple[Plan, dict]:
+                taken_before: str | None = None, variant_names=None, skip=frozenset()) -> tuple[Plan, dict]:
     """What `tune --eager-turns-only` takes again: on each workload of `roots`, the eager times of every
     store row of this environment that passed, is of the variant's current code and was timed eagerly
     under `slow_us` (tuner/timing.py SLOW_US: slower rows keep their own loop's times in turns too), in
@@ -190,22 +191,43 @@ def retake_plan(store: Store, env_id: str, arch: str, roots, definition: str, qu
     already are left out unless `force`, or unless one of them was measured before `taken_before` (a
     UTC time as the store writes it, e.g. 2026-11-29T22:02:00Z: a forced retake cut short resumes with
     its start, where `force` would begin again); those with one such row are left out (a turn needs
-    company). Returns the plan and {uuid: {variant: the row}} of what it takes again (`hash_of`,
-    `runs`: as `plan`)."""
-    p = plan(store, env_id, arch, roots, definition, quick=quick, force=True, hash_of=hash_of, runs=runs)
+    company). On the workloads left out, rows taken in turns without the baseline's call
+    (`unpaired_in_turns`) are taken again alone, with the baseline's call for company (tuner/job.py
+    `_companion`): a fraction of their workloads' rows. `variant_names`, `skip`: as `plan` (the
+    baseline's rows are among them). Returns the plan and {uuid: {variant: the row}} of what it takes
+    again (`hash_of`, `runs`: as `plan`)."""
+    p = plan(store, env_id, arch, roots, definition, variant_names, quick=quick, force=True, skip=skip,
+             hash_of=hash_of, runs=runs)
     wanted = set(p.pending)
     rows: dict[str, dict] = {}
+    base_rows = {}
     for r in store.results(p.definition, env_id):
         info = p.variants.get(r.variant)
-        if (info is None or r.variant_hash != info["hash"] or (r.variant, r.uuid) not in wanted
-                or r.status != PASSED or r.eager_us is None or r.eager_us >= slow_us):
+        if info is None or r.variant_hash != info["hash"]:
+            continue
+        if r.variant == p.baseline:
+            base_rows[r.uuid] = r
+        if (r.variant, r.uuid) not in wanted or r.status != PASSED or r.eager_us is None or r.eager_us >= slow_us:
             continue
         rows.setdefault(r.uuid, {})[r.variant] = r
-    rows = {u: by for u, by in rows.items() if len(by) > 1 and
-            (force or any("eager_turns_s" not in (r.metrics or {}) for r in by.values())
-             or (taken_before is not None and any(r.measured_at < taken_before for r in by.values())))}
+    whole = {u: by for u, by in rows.items() if len(by) > 1 and
+             (force or any("eager_turns_s" not in (r.metrics or {}) for r in by.values())
+              or (taken_before is not None and any(r.measured_at < taken_before for r in by.values())))}
+    unpaired = {u: {n: r for n, r in by.items() if unpaired_in_turns(r, p.baseline, base_rows.get(u))}
+                for u, by in rows.items() if u not in whole}
+    rows = {**{u: by for u, by in unpaired.items() if by}, **whole}
     pending = [(n, u) for u in sorted(rows) for n in sorted(rows[u])]
     return Plan(p.definition, p.baseline, p.variants, p.workloads, pending, p.skipped_unsupported), rows
+
+
+def unpaired_in_turns(row, baseline: str, baseline_row) -> bool:
+    """Whether `row` took its eager time in turns without the baseline's call (a tune of new variants
+    before tuner/job.py `_companion`) where the baseline's row passed: the eager fit then compares it
+    with the baseline's row of another run by the two spreads, not round by round (tuner/fit.py)."""
+    return (row.variant != baseline and row.passed and row.eager_us is not None and row.eager_us < SLOW_US
+            and "eager_turns_s" in (row.metrics or {})
+            and (row.metrics.get("eager_paired") or {}).get("baseline") != baseline
+            and baseline_row is not None and baseline_row.passed)
 
 
 def _unguarded(store: Store, env_id: str, definition: str, base: str, h: str, uuids, planned: set) -> list:
