@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T05:52:31Z
+# measured    up to 2026-12-01T11:22:13Z
 # workloads   141 (workload-set digest 49aafa92f9bbe224)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -44,8 +44,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.92% mean, 39.53% max;
 #             1.179x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 8.51% mean, 97.80% max;
-#             1.939x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.91% mean, 261.17% max;
+#             1.828x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and num_seqs <= 2 and mean_seq_len <= 619: triton_prefill_fused.c16v32, 4 workloads, 5.54x (4.82x .. 6.39x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 150 and 2 < num_seqs <= 5: vllm_flashinfer_prefill.cp_off, 6 workloads, 1.06x (1.04x .. 1.07x) over vllm_flashinfer_prefill; then flashinfer_direct
@@ -60,15 +60,15 @@
 #   11. total_seq_len > 559 and num_seqs > 2 and mean_seq_len > 29: vllm_flashinfer_prefill (baseline), 53 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   12. total_seq_len > 3054 and num_seqs <= 2 and mean_seq_len > 619: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 20: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.42x (2.26x .. 10.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len > 20: cuda_prefill_pool_rows.k8c8, 3 workloads, 9.49x (7.83x .. 12.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 15 workloads, 3.02x (2.03x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   4. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len > 15: flashinfer_direct, 9 workloads, 1.60x (1.54x .. 1.87x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   5. 75 < total_seq_len <= 268 and num_seqs <= 1: cuda_prefill_staged.r64s4, 2 workloads, 6.13x (5.23x .. 7.18x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   6. 75 < total_seq_len <= 268 and 1 < num_seqs <= 5: triton_prefill_fused.c16v64, 10 workloads, 3.55x (1.53x .. 9.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct
-#   7. 268 < total_seq_len <= 7968 and mean_seq_len <= 3273: cuda_prefill_staged.r64s4, 71 workloads, 2.40x (1.47x .. 6.48x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   8. total_seq_len > 268 and mean_seq_len > 3273: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len > 7968 and mean_seq_len <= 3273: flashinfer_direct, 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 106 and num_seqs <= 5: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.26x (2.68x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 15 workloads, 2.72x (1.74x .. 4.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   3. total_seq_len <= 268 and num_seqs > 5 and mean_seq_len > 15: flashinfer_direct, 9 workloads, 1.60x (1.54x .. 1.87x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   4. 106 < total_seq_len <= 268 and num_seqs <= 2: triton_prefill_fused.c16v32, 5 workloads, 4.08x (2.88x .. 4.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   5. 106 < total_seq_len <= 268 and 2 < num_seqs <= 5: triton_prefill_fused.c16v64, 6 workloads, 2.40x (1.65x .. 4.15x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   6. 268 < total_seq_len <= 3821 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. 268 < total_seq_len <= 3821 and mean_seq_len > 3: cuda_prefill_staged.r64s4, 65 workloads, 2.12x (1.13x .. 5.56x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   8. total_seq_len > 3821 and num_seqs <= 2: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len > 3821 and num_seqs > 2: flashinfer_direct, 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -87,15 +87,15 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 20), 'num_seqs': (None, 5), 'total_seq_len': (None, 75)}, 'workloads': 5, 'speedup': (2.26, 4.42, 10.41), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (20, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 75)}, 'workloads': 3, 'speedup': (7.83, 9.49, 12.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 15), 'num_seqs': (5, None), 'total_seq_len': (None, 268)}, 'workloads': 15, 'speedup': (2.03, 3.02, 6.6), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (15, None), 'num_seqs': (5, None), 'total_seq_len': (None, 268)}, 'workloads': 9, 'speedup': (1.54, 1.6, 1.87), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (75, 268)}, 'workloads': 2, 'speedup': (5.23, 6.13, 7.18), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (1, 5), 'total_seq_len': (75, 268)}, 'workloads': 10, 'speedup': (1.53, 3.55, 9.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 3273), 'total_seq_len': (268, 7968)}, 'workloads': 71, 'speedup': (1.47, 2.4, 6.48), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (3273, None), 'total_seq_len': (268, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 3273), 'total_seq_len': (7968, None)}, 'workloads': 22, 'speedup': (1.12, 1.36, 1.62), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (None, 5), 'total_seq_len': (None, 106)}, 'workloads': 9, 'speedup': (2.68, 6.26, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 15), 'num_seqs': (5, None), 'total_seq_len': (None, 268)}, 'workloads': 15, 'speedup': (1.74, 2.72, 4.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 3, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (15, None), 'num_seqs': (5, None), 'total_seq_len': (None, 268)}, 'workloads': 9, 'speedup': (1.54, 1.6, 1.87), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (106, 268)}, 'workloads': 5, 'speedup': (2.88, 4.08, 4.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (2, 5), 'total_seq_len': (106, 268)}, 'workloads': 6, 'speedup': (1.65, 2.4, 4.15), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (268, 3821)}, 'workloads': 4, 'speedup': (2.0, 2.27, 2.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, None), 'total_seq_len': (268, 3821)}, 'workloads': 65, 'speedup': (1.13, 2.12, 5.56), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'num_seqs': (None, 2), 'total_seq_len': (3821, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (2, None), 'total_seq_len': (3821, None)}, 'workloads': 24, 'speedup': (1.12, 1.38, 1.62), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -146,32 +146,32 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 5 workloads, 4.42x (2.26x .. 10.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len <= 20:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 2: 3 workloads, 9.49x (7.83x .. 12.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 5 and mean_seq_len > 20:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 15 workloads, 3.02x (2.03x .. 6.60x) over vllm_flashinfer_prefill
+    # region 1: 9 workloads, 6.26x (2.68x .. 12.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 5:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 15 workloads, 2.72x (1.74x .. 4.34x) over vllm_flashinfer_prefill
     if total_seq_len <= 268 and num_seqs > 5 and mean_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 9 workloads, 1.60x (1.54x .. 1.87x) over vllm_flashinfer_prefill
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 3: 9 workloads, 1.60x (1.54x .. 1.87x) over vllm_flashinfer_prefill
     if total_seq_len <= 268 and num_seqs > 5 and mean_seq_len > 15:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 5: 2 workloads, 6.13x (5.23x .. 7.18x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 268 and num_seqs <= 1:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 6: 10 workloads, 3.55x (1.53x .. 9.01x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 268 and 1 < num_seqs <= 5:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 71 workloads, 2.40x (1.47x .. 6.48x) over vllm_flashinfer_prefill
-    if 268 < total_seq_len <= 7968 and mean_seq_len <= 3273:
+    # region 4: 5 workloads, 4.08x (2.88x .. 4.97x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 268 and num_seqs <= 2:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 6 workloads, 2.40x (1.65x .. 4.15x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 268 and 2 < num_seqs <= 5:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
+    # region 6: 4 workloads, 2.27x (2.00x .. 2.48x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 3821 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 7: 65 workloads, 2.12x (1.13x .. 5.56x) over vllm_flashinfer_prefill
+    if 268 < total_seq_len <= 3821 and mean_seq_len > 3:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
     # region 8: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 268 and mean_seq_len > 3273:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 22 workloads, 1.36x (1.12x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and mean_seq_len <= 3273:
+    if total_seq_len > 3821 and num_seqs <= 2:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 9: 24 workloads, 1.38x (1.12x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 3821 and num_seqs > 2:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
@@ -183,8 +183,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 8.18% mean, 381.80% max;
 #             1.155x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 23.91% mean, 431.85% max;
-#             1.776x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 19.27% mean, 456.14% max;
+#             1.692x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.31x (6.31x .. 6.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 41 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 21: triton_prefill_fused.c16v32, 2 workloads, 4.84x (4.82x .. 4.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8
@@ -215,37 +215,42 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   27. total_seq_len > 150 and num_seqs > 4 and mean_seq_len > 45 and max_seq_len <= 628: vllm_flashinfer_prefill (baseline), 21 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
 #   28. total_seq_len > 3273 and num_seqs <= 1: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 41 and mean_seq_len > 4 and max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 3 workloads, 8.11x (5.00x .. 12.53x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 45 and mean_seq_len <= 4 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 10.41x (10.41x .. 10.41x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 45 and mean_seq_len <= 4 and 4 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 75 and num_seqs <= 22 and 63 < max_seq_len <= 91: cuda_prefill_pool_rows.k8c8, 1 workloads, 7.83x (7.83x .. 7.83x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 212 and num_seqs > 22 and 63 < max_seq_len <= 91: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 451 and num_seqs <= 8 and 185 < max_seq_len <= 237: cuda_prefill_staged.r32s4, 4 workloads, 2.92x (1.43x .. 5.04x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 451 and num_seqs <= 8 and max_seq_len > 237: cuda_prefill_staged.r64s4, 3 workloads, 4.22x (3.21x .. 7.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   8. total_seq_len <= 3821 and num_seqs <= 2 and 91 < max_seq_len <= 185: triton_prefill_fused.c16v64, 2 workloads, 5.01x (4.39x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 3821 and 2 < num_seqs <= 5 and 91 < max_seq_len <= 185: cuda_prefill_staged.r64s4, 2 workloads, 2.87x (2.31x .. 3.57x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 3821 and 5 < num_seqs <= 22 and 91 < max_seq_len <= 124: triton_prefill_fused.c16v64, 3 workloads, 1.86x (1.47x .. 2.80x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. total_seq_len <= 3821 and 5 < num_seqs <= 22 and 124 < max_seq_len <= 185: cuda_prefill_staged.r64s4, 4 workloads, 2.24x (1.51x .. 3.45x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   12. total_seq_len <= 3821 and num_seqs > 8 and max_seq_len > 185: cuda_prefill_staged.r64s4, 19 workloads, 2.08x (1.59x .. 3.18x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   13. total_seq_len <= 3821 and num_seqs > 22 and 91 < max_seq_len <= 185: cuda_prefill_staged.r64s4, 2 workloads, 2.27x (1.76x .. 2.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct
-#   14. 41 < total_seq_len <= 212 and mean_seq_len > 4 and max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.59x (1.83x .. 6.60x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   15. 45 < total_seq_len <= 212 and mean_seq_len <= 4 and max_seq_len <= 25: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.72x (2.22x .. 3.21x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   16. 45 < total_seq_len <= 212 and mean_seq_len <= 4 and 25 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.94x (3.94x .. 3.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 75 < total_seq_len <= 212 and num_seqs <= 22 and 63 < max_seq_len <= 91: triton_prefill_fused.c16v64, 2 workloads, 3.79x (1.60x .. 9.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 212 < total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.27x (2.18x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 212 < total_seq_len <= 559 and mean_seq_len <= 5 and 45 < max_seq_len <= 91: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   20. 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and max_seq_len <= 22: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.78x (2.78x .. 2.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32
-#   21. 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and 22 < max_seq_len <= 91: cuda_prefill_staged.r64s4, 1 workloads, 2.02x (2.02x .. 2.02x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 212 < total_seq_len <= 559 and mean_seq_len > 11 and max_seq_len <= 91: cuda_prefill_staged.r64s4, 9 workloads, 2.27x (1.47x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct
-#   23. 451 < total_seq_len <= 3821 and num_seqs <= 8 and max_seq_len > 185: cuda_prefill_staged.r64s4, 23 workloads, 2.91x (1.72x .. 6.48x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   24. total_seq_len > 559 and max_seq_len <= 91: cuda_prefill_staged.r64s4, 13 workloads, 2.11x (1.60x .. 3.43x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   25. 3821 < total_seq_len <= 7968 and num_seqs <= 1 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   26. 3821 < total_seq_len <= 7968 and num_seqs > 1 and max_seq_len > 91: cuda_prefill_staged.r64s4, 2 workloads, 1.97x (1.83x .. 2.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 7968 and mean_seq_len <= 90 and 91 < max_seq_len <= 963: cuda_prefill_staged.r64s4, 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   28. total_seq_len > 7968 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378: flashinfer_direct, 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-#   29. total_seq_len > 7968 and mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
-#   30. total_seq_len > 7968 and 90 < mean_seq_len <= 5792 and 91 < max_seq_len <= 963: flashinfer_direct, 7 workloads, 1.34x (1.12x .. 1.54x) over vllm_flashinfer_prefill
-#   31. total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 91: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 41 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.79x (9.79x .. 9.79x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 41 and 4 < max_seq_len <= 16: cuda_prefill_pool_rows.k8c8, 1 workloads, 6.24x (6.24x .. 6.24x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 90 and num_seqs <= 22 and 16 < max_seq_len <= 52: cuda_prefill_pool_rows.k8c8, 5 workloads, 4.65x (2.18x .. 12.47x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 90 and num_seqs <= 22 and 52 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 1 workloads, 3.63x (3.63x .. 3.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 106 and num_seqs <= 22 and 63 < max_seq_len <= 83: cuda_prefill_pool_rows.k8c8, 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len > 83: triton_prefill_fused.c16v64, 3 workloads, 1.70x (1.42x .. 2.00x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 181 and num_seqs > 22 and 32 < max_seq_len <= 83: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 335 and num_seqs <= 2 and mean_seq_len > 45 and 83 < max_seq_len <= 547: triton_prefill_fused.c16v32, 5 workloads, 4.08x (2.88x .. 4.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 83 < max_seq_len <= 547: triton_prefill_fused.c16v64, 3 workloads, 1.88x (1.65x .. 2.04x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 1020 and num_seqs > 22 and mean_seq_len <= 5 and 16 < max_seq_len <= 32: cuda_prefill_pool_rows.k2c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 1020 and num_seqs > 22 and mean_seq_len > 5 and 16 < max_seq_len <= 32: cuda_prefill_staged.r64s4, 1 workloads, 3.16x (3.16x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   12. total_seq_len <= 3821 and mean_seq_len > 45 and 547 < max_seq_len <= 896: flashinfer_direct, 4 workloads, 1.99x (1.67x .. 2.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 3821 and mean_seq_len > 45 and 896 < max_seq_len <= 1794: cuda_prefill_staged.r64s4, 9 workloads, 2.54x (1.16x .. 5.56x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   14. total_seq_len <= 3821 and mean_seq_len > 45 and 1794 < max_seq_len <= 2036: flashinfer_direct, 2 workloads, 1.47x (1.45x .. 1.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   15. total_seq_len <= 3821 and mean_seq_len > 45 and max_seq_len > 2036: cuda_prefill_staged.r32s4, 2 workloads, 3.19x (2.81x .. 3.61x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. 41 < total_seq_len <= 362 and mean_seq_len > 11 and max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.23x (1.73x .. 3.67x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. 41 < total_seq_len <= 724 and mean_seq_len <= 11 and 7 < max_seq_len <= 16: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.73x (2.06x .. 4.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   18. total_seq_len > 41 and mean_seq_len <= 11 and max_seq_len <= 7: cuda_prefill_pool_rows.k2c8, 8 workloads, 2.62x (1.76x .. 4.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   19. 90 < total_seq_len <= 181 and num_seqs <= 22 and 16 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 3 workloads, 3.97x (3.34x .. 4.37x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 106 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 83: triton_prefill_fused.c16v64, 3 workloads, 1.87x (1.57x .. 2.58x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v64
+#   21. 181 < total_seq_len <= 3821 and num_seqs <= 11 and mean_seq_len <= 45 and max_seq_len > 83: flashinfer_direct, 2 workloads, 1.57x (1.54x .. 1.59x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. 181 < total_seq_len <= 3821 and num_seqs > 11 and mean_seq_len <= 45 and max_seq_len > 83: cuda_prefill_staged.r64s4, 15 workloads, 1.91x (1.36x .. 3.19x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   23. total_seq_len > 181 and num_seqs <= 22 and 16 < max_seq_len <= 63: triton_prefill_fused.c16v64, 2 workloads, 1.67x (1.51x .. 1.86x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 181 and num_seqs > 22 and 32 < max_seq_len <= 83: cuda_prefill_staged.r64s4, 4 workloads, 1.93x (1.56x .. 2.59x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   25. 335 < total_seq_len <= 3821 and mean_seq_len > 45 and 83 < max_seq_len <= 547: cuda_prefill_staged.r64s4, 18 workloads, 2.25x (1.39x .. 4.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   26. total_seq_len > 362 and num_seqs <= 22 and 63 < max_seq_len <= 83: cuda_prefill_staged.r64s4, 2 workloads, 2.74x (2.54x .. 2.96x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 362 and mean_seq_len > 11 and max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 2.08x (1.84x .. 2.36x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 724 and mean_seq_len <= 11 and 7 < max_seq_len <= 16: cuda_prefill_staged.r64s4, 2 workloads, 1.97x (1.91x .. 2.04x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 1020 and num_seqs > 22 and 16 < max_seq_len <= 32: cuda_prefill_staged.r64s4, 4 workloads, 1.73x (1.44x .. 2.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   30. 3821 < total_seq_len <= 6141 and num_seqs <= 1 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   31. 3821 < total_seq_len <= 6141 and num_seqs > 1 and max_seq_len > 83: cuda_prefill_staged.r64s4, 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 6141 and mean_seq_len <= 90 and 83 < max_seq_len <= 963: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   33. total_seq_len > 6141 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378: flashinfer_direct, 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+#   34. total_seq_len > 6141 and mean_seq_len <= 5792 and max_seq_len > 16378: vllm_flashinfer_prefill (baseline), 0 workloads
+#   35. total_seq_len > 6141 and 90 < mean_seq_len <= 5792 and 83 < max_seq_len <= 963: flashinfer_direct, 8 workloads, 1.36x (1.12x .. 1.54x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 6141 and mean_seq_len > 5792 and max_seq_len > 83: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (5, None), 'total_seq_len': (None, 22)}, 'workloads': 1, 'speedup': (6.31, 6.31, 6.31), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -279,37 +284,42 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (4, None), 'total_seq_len': (None, 41)}, 'workloads': 3, 'speedup': (5.0, 8.11, 12.53), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'mean_seq_len': (None, 4), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (10.41, 10.41, 10.41), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (4, 63), 'mean_seq_len': (None, 4), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 91), 'num_seqs': (None, 22), 'total_seq_len': (None, 75)}, 'workloads': 1, 'speedup': (7.83, 7.83, 7.83), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (63, 91), 'num_seqs': (22, None), 'total_seq_len': (None, 212)}, 'workloads': 1, 'speedup': (2.45, 2.45, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (185, 237), 'num_seqs': (None, 8), 'total_seq_len': (None, 451)}, 'workloads': 4, 'speedup': (1.43, 2.92, 5.04), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (237, None), 'num_seqs': (None, 8), 'total_seq_len': (None, 451)}, 'workloads': 3, 'speedup': (3.21, 4.22, 7.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (91, 185), 'num_seqs': (None, 2), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (4.39, 5.01, 5.73), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 185), 'num_seqs': (2, 5), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (2.31, 2.87, 3.57), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (91, 124), 'num_seqs': (5, 22), 'total_seq_len': (None, 3821)}, 'workloads': 3, 'speedup': (1.47, 1.86, 2.8), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (124, 185), 'num_seqs': (5, 22), 'total_seq_len': (None, 3821)}, 'workloads': 4, 'speedup': (1.51, 2.24, 3.45), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (185, None), 'num_seqs': (8, None), 'total_seq_len': (None, 3821)}, 'workloads': 19, 'speedup': (1.59, 2.08, 3.18), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 185), 'num_seqs': (22, None), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (1.76, 2.27, 2.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 14, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 63), 'mean_seq_len': (4, None), 'total_seq_len': (41, 212)}, 'workloads': 11, 'speedup': (1.83, 3.59, 6.6), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 25), 'mean_seq_len': (None, 4), 'total_seq_len': (45, 212)}, 'workloads': 4, 'speedup': (2.22, 2.72, 3.21), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (25, 63), 'mean_seq_len': (None, 4), 'total_seq_len': (45, 212)}, 'workloads': 1, 'speedup': (3.94, 3.94, 3.94), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 91), 'num_seqs': (None, 22), 'total_seq_len': (75, 212)}, 'workloads': 2, 'speedup': (1.6, 3.79, 9.01), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'mean_seq_len': (None, 5), 'total_seq_len': (212, 559)}, 'workloads': 4, 'speedup': (2.18, 2.27, 2.36), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 91), 'mean_seq_len': (None, 5), 'total_seq_len': (212, 559)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 22), 'mean_seq_len': (5, 11), 'total_seq_len': (212, 559)}, 'workloads': 1, 'speedup': (2.78, 2.78, 2.78), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (22, 91), 'mean_seq_len': (5, 11), 'total_seq_len': (212, 559)}, 'workloads': 1, 'speedup': (2.02, 2.02, 2.02), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 91), 'mean_seq_len': (11, None), 'total_seq_len': (212, 559)}, 'workloads': 9, 'speedup': (1.47, 2.27, 3.51), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (185, None), 'num_seqs': (None, 8), 'total_seq_len': (451, 3821)}, 'workloads': 23, 'speedup': (1.72, 2.91, 6.48), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 91), 'total_seq_len': (559, None)}, 'workloads': 13, 'speedup': (1.6, 2.11, 3.43), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 25, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'num_seqs': (None, 1), 'total_seq_len': (3821, 7968)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, None), 'num_seqs': (1, None), 'total_seq_len': (3821, 7968)}, 'workloads': 2, 'speedup': (1.83, 1.97, 2.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (91, 963), 'mean_seq_len': (None, 90), 'total_seq_len': (7968, None)}, 'workloads': 1, 'speedup': (1.43, 1.43, 1.43), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (963, 16378), 'mean_seq_len': (None, 5792), 'total_seq_len': (7968, None)}, 'workloads': 13, 'speedup': (1.15, 1.39, 1.62), 'fallbacks': ()},
-    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (None, 5792), 'total_seq_len': (7968, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (91, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (7968, None)}, 'workloads': 7, 'speedup': (1.12, 1.34, 1.54), 'fallbacks': ()},
-    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (91, None), 'mean_seq_len': (5792, None), 'total_seq_len': (7968, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (9.79, 9.79, 9.79), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (4, 16), 'total_seq_len': (None, 41)}, 'workloads': 1, 'speedup': (6.24, 6.24, 6.24), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (16, 52), 'num_seqs': (None, 22), 'total_seq_len': (None, 90)}, 'workloads': 5, 'speedup': (2.18, 4.65, 12.47), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (52, 63), 'num_seqs': (None, 22), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.63, 3.63, 3.63), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 83), 'num_seqs': (None, 22), 'total_seq_len': (None, 106)}, 'workloads': 2, 'speedup': (7.77, 7.86, 7.94), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 45), 'total_seq_len': (None, 181)}, 'workloads': 3, 'speedup': (1.42, 1.7, 2.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (32, 83), 'num_seqs': (22, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.36, 2.36, 2.36), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (83, 547), 'mean_seq_len': (45, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 335)}, 'workloads': 5, 'speedup': (2.88, 4.08, 4.97), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (83, 547), 'mean_seq_len': (45, None), 'num_seqs': (2, None), 'total_seq_len': (None, 335)}, 'workloads': 3, 'speedup': (1.65, 1.88, 2.04), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 32), 'mean_seq_len': (None, 5), 'num_seqs': (22, None), 'total_seq_len': (None, 1020)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 32), 'mean_seq_len': (5, None), 'num_seqs': (22, None), 'total_seq_len': (None, 1020)}, 'workloads': 1, 'speedup': (3.16, 3.16, 3.16), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (547, 896), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 4, 'speedup': (1.67, 1.99, 2.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (896, 1794), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 9, 'speedup': (1.16, 2.54, 5.56), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 14, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1794, 2036), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (1.45, 1.47, 1.48), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2036, None), 'mean_seq_len': (45, None), 'total_seq_len': (None, 3821)}, 'workloads': 2, 'speedup': (2.81, 3.19, 3.61), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (11, None), 'total_seq_len': (41, 362)}, 'workloads': 3, 'speedup': (1.73, 2.23, 3.67), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (None, 11), 'total_seq_len': (41, 724)}, 'workloads': 6, 'speedup': (2.06, 2.73, 4.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 7), 'mean_seq_len': (None, 11), 'total_seq_len': (41, None)}, 'workloads': 8, 'speedup': (1.76, 2.62, 4.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (16, 63), 'num_seqs': (None, 22), 'total_seq_len': (90, 181)}, 'workloads': 3, 'speedup': (3.34, 3.97, 4.37), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 83), 'num_seqs': (None, 22), 'total_seq_len': (106, 362)}, 'workloads': 3, 'speedup': (1.57, 1.87, 2.58), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 45), 'num_seqs': (None, 11), 'total_seq_len': (181, 3821)}, 'workloads': 2, 'speedup': (1.54, 1.57, 1.59), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (None, 45), 'num_seqs': (11, None), 'total_seq_len': (181, 3821)}, 'workloads': 15, 'speedup': (1.36, 1.91, 3.19), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (16, 63), 'num_seqs': (None, 22), 'total_seq_len': (181, None)}, 'workloads': 2, 'speedup': (1.51, 1.67, 1.86), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (32, 83), 'num_seqs': (22, None), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (1.56, 1.93, 2.59), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (83, 547), 'mean_seq_len': (45, None), 'total_seq_len': (335, 3821)}, 'workloads': 18, 'speedup': (1.39, 2.25, 4.83), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 83), 'num_seqs': (None, 22), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (2.54, 2.74, 2.96), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (11, None), 'total_seq_len': (362, None)}, 'workloads': 2, 'speedup': (1.84, 2.08, 2.36), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7, 16), 'mean_seq_len': (None, 11), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.91, 1.97, 2.04), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 32), 'num_seqs': (22, None), 'total_seq_len': (1020, None)}, 'workloads': 4, 'speedup': (1.44, 1.73, 2.37), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'num_seqs': (None, 1), 'total_seq_len': (3821, 6141)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (83, None), 'num_seqs': (1, None), 'total_seq_len': (3821, 6141)}, 'workloads': 1, 'speedup': (1.7, 1.7, 1.7), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (83, 963), 'mean_seq_len': (None, 90), 'total_seq_len': (6141, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (963, 16378), 'mean_seq_len': (None, 5792), 'total_seq_len': (6141, None)}, 'workloads': 13, 'speedup': (1.15, 1.39, 1.62), 'fallbacks': ()},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16378, None), 'mean_seq_len': (None, 5792), 'total_seq_len': (6141, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (83, 963), 'mean_seq_len': (90, 5792), 'total_seq_len': (6141, None)}, 'workloads': 8, 'speedup': (1.12, 1.36, 1.54), 'fallbacks': ()},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (83, None), 'mean_seq_len': (5792, None), 'total_seq_len': (6141, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -408,94 +418,109 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 8.11x (5.00x .. 12.53x) over vllm_flashinfer_prefill
-    if total_seq_len <= 41 and mean_seq_len > 4 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 2: 1 workloads, 10.41x (10.41x .. 10.41x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and mean_seq_len <= 4 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 3: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 45 and mean_seq_len <= 4 and 4 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 4: 1 workloads, 7.83x (7.83x .. 7.83x) over vllm_flashinfer_prefill
-    if total_seq_len <= 75 and num_seqs <= 22 and 63 < max_seq_len <= 91:
-        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 1 workloads, 2.45x (2.45x .. 2.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 212 and num_seqs > 22 and 63 < max_seq_len <= 91:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 6: 4 workloads, 2.92x (1.43x .. 5.04x) over vllm_flashinfer_prefill
-    if total_seq_len <= 451 and num_seqs <= 8 and 185 < max_seq_len <= 237:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 3 workloads, 4.22x (3.21x .. 7.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 451 and num_seqs <= 8 and max_seq_len > 237:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 2 workloads, 5.01x (4.39x .. 5.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and num_seqs <= 2 and 91 < max_seq_len <= 185:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 2 workloads, 2.87x (2.31x .. 3.57x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and 2 < num_seqs <= 5 and 91 < max_seq_len <= 185:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 3 workloads, 1.86x (1.47x .. 2.80x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and 5 < num_seqs <= 22 and 91 < max_seq_len <= 124:
-        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 11: 4 workloads, 2.24x (1.51x .. 3.45x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and 5 < num_seqs <= 22 and 124 < max_seq_len <= 185:
+    # region 1: 1 workloads, 9.79x (9.79x .. 9.79x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and max_seq_len <= 4:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 1 workloads, 6.24x (6.24x .. 6.24x) over vllm_flashinfer_prefill
+    if total_seq_len <= 41 and 4 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 5 workloads, 4.65x (2.18x .. 12.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 22 and 16 < max_seq_len <= 52:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 1 workloads, 3.63x (3.63x .. 3.63x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and num_seqs <= 22 and 52 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 5: 2 workloads, 7.86x (7.77x .. 7.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 106 and num_seqs <= 22 and 63 < max_seq_len <= 83:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 3 workloads, 1.70x (1.42x .. 2.00x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len <= 45 and max_seq_len > 83:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 7: 1 workloads, 2.36x (2.36x .. 2.36x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 22 and 32 < max_seq_len <= 83:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 8: 5 workloads, 4.08x (2.88x .. 4.97x) over vllm_flashinfer_prefill
+    if total_seq_len <= 335 and num_seqs <= 2 and mean_seq_len > 45 and 83 < max_seq_len <= 547:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 9: 3 workloads, 1.88x (1.65x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len <= 335 and num_seqs > 2 and mean_seq_len > 45 and 83 < max_seq_len <= 547:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 1020 and num_seqs > 22 and mean_seq_len <= 5 and 16 < max_seq_len <= 32:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 11: 1 workloads, 3.16x (3.16x .. 3.16x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1020 and num_seqs > 22 and mean_seq_len > 5 and 16 < max_seq_len <= 32:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 4 workloads, 1.99x (1.67x .. 2.88x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and mean_seq_len > 45 and 547 < max_seq_len <= 896:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 13: 9 workloads, 2.54x (1.16x .. 5.56x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and mean_seq_len > 45 and 896 < max_seq_len <= 1794:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 14: 2 workloads, 1.47x (1.45x .. 1.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and mean_seq_len > 45 and 1794 < max_seq_len <= 2036:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 15: 2 workloads, 3.19x (2.81x .. 3.61x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3821 and mean_seq_len > 45 and max_seq_len > 2036:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 16: 3 workloads, 2.23x (1.73x .. 3.67x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 362 and mean_seq_len > 11 and max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 6 workloads, 2.73x (2.06x .. 4.14x) over vllm_flashinfer_prefill
+    if 41 < total_seq_len <= 724 and mean_seq_len <= 11 and 7 < max_seq_len <= 16:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 18: 8 workloads, 2.62x (1.76x .. 4.34x) over vllm_flashinfer_prefill
+    if total_seq_len > 41 and mean_seq_len <= 11 and max_seq_len <= 7:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 3 workloads, 3.97x (3.34x .. 4.37x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 181 and num_seqs <= 22 and 16 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 20: 3 workloads, 1.87x (1.57x .. 2.58x) over vllm_flashinfer_prefill
+    if 106 < total_seq_len <= 362 and num_seqs <= 22 and 63 < max_seq_len <= 83:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 2 workloads, 1.57x (1.54x .. 1.59x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3821 and num_seqs <= 11 and mean_seq_len <= 45 and max_seq_len > 83:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 22: 15 workloads, 1.91x (1.36x .. 3.19x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3821 and num_seqs > 11 and mean_seq_len <= 45 and max_seq_len > 83:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 12: 19 workloads, 2.08x (1.59x .. 3.18x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and num_seqs > 8 and max_seq_len > 185:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 2 workloads, 2.27x (1.76x .. 2.94x) over vllm_flashinfer_prefill
-    if total_seq_len <= 3821 and num_seqs > 22 and 91 < max_seq_len <= 185:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 11 workloads, 3.59x (1.83x .. 6.60x) over vllm_flashinfer_prefill
-    if 41 < total_seq_len <= 212 and mean_seq_len > 4 and max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 15: 4 workloads, 2.72x (2.22x .. 3.21x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 212 and mean_seq_len <= 4 and max_seq_len <= 25:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 1 workloads, 3.94x (3.94x .. 3.94x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 212 and mean_seq_len <= 4 and 25 < max_seq_len <= 63:
-        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 2 workloads, 3.79x (1.60x .. 9.01x) over vllm_flashinfer_prefill
-    if 75 < total_seq_len <= 212 and num_seqs <= 22 and 63 < max_seq_len <= 91:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 4 workloads, 2.27x (2.18x .. 2.36x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 559 and mean_seq_len <= 5 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 0 workloads, by estimated times (no measured workload in it)
-    if 212 < total_seq_len <= 559 and mean_seq_len <= 5 and 45 < max_seq_len <= 91:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 1 workloads, 2.78x (2.78x .. 2.78x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and max_seq_len <= 22:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 1 workloads, 2.02x (2.02x .. 2.02x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 559 and 5 < mean_seq_len <= 11 and 22 < max_seq_len <= 91:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 9 workloads, 2.27x (1.47x .. 3.51x) over vllm_flashinfer_prefill
-    if 212 < total_seq_len <= 559 and mean_seq_len > 11 and max_seq_len <= 91:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 23 workloads, 2.91x (1.72x .. 6.48x) over vllm_flashinfer_prefill
-    if 451 < total_seq_len <= 3821 and num_seqs <= 8 and max_seq_len > 185:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 13 workloads, 2.11x (1.60x .. 3.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 559 and max_seq_len <= 91:
+    # region 23: 2 workloads, 1.67x (1.51x .. 1.86x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs <= 22 and 16 < max_seq_len <= 63:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 4 workloads, 1.93x (1.56x .. 2.59x) over vllm_flashinfer_prefill
+    if total_seq_len > 181 and num_seqs > 22 and 32 < max_seq_len <= 83:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 3821 < total_seq_len <= 7968 and num_seqs <= 1 and max_seq_len > 91:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 26: 2 workloads, 1.97x (1.83x .. 2.12x) over vllm_flashinfer_prefill
-    if 3821 < total_seq_len <= 7968 and num_seqs > 1 and max_seq_len > 91:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 1.43x (1.43x .. 1.43x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and mean_seq_len <= 90 and 91 < max_seq_len <= 963:
+    # region 25: 18 workloads, 2.25x (1.39x .. 4.83x) over vllm_flashinfer_prefill
+    if 335 < total_seq_len <= 3821 and mean_seq_len > 45 and 83 < max_seq_len <= 547:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 26: 2 workloads, 2.74x (2.54x .. 2.96x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 22 and 63 < max_seq_len <= 83:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 27: 2 workloads, 2.08x (1.84x .. 2.36x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and mean_seq_len > 11 and max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 2 workloads, 1.97x (1.91x .. 2.04x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and mean_seq_len <= 11 and 7 < max_seq_len <= 16:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 29: 4 workloads, 1.73x (1.44x .. 2.37x) over vllm_flashinfer_prefill
+    if total_seq_len > 1020 and num_seqs > 22 and 16 < max_seq_len <= 32:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 3821 < total_seq_len <= 6141 and num_seqs <= 1 and max_seq_len > 83:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 31: 1 workloads, 1.70x (1.70x .. 1.70x) over vllm_flashinfer_prefill
+    if 3821 < total_seq_len <= 6141 and num_seqs > 1 and max_seq_len > 83:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 32: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 6141 and mean_seq_len <= 90 and 83 < max_seq_len <= 963:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378:
+    # region 33: 13 workloads, 1.39x (1.15x .. 1.62x) over vllm_flashinfer_prefill
+    if total_seq_len > 6141 and mean_seq_len <= 5792 and 963 < max_seq_len <= 16378:
         return 'flashinfer_direct'
-    # region 30: 7 workloads, 1.34x (1.12x .. 1.54x) over vllm_flashinfer_prefill
-    if total_seq_len > 7968 and 90 < mean_seq_len <= 5792 and 91 < max_seq_len <= 963:
+    # region 35: 8 workloads, 1.36x (1.12x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 6141 and 90 < mean_seq_len <= 5792 and 83 < max_seq_len <= 963:
         return 'flashinfer_direct'
-    # region 31: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 7968 and mean_seq_len > 5792 and max_seq_len > 91:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 36: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 6141 and mean_seq_len > 5792 and max_seq_len > 83:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'

@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T05:55:31Z
+# measured    up to 2026-12-01T11:17:05Z
 # workloads   141 (workload-set digest 2fb88db0bbe44e34)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -50,8 +50,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 20.50% mean, 261.34% max;
 #             1.257x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 13.17% mean, 134.34% max;
-#             3.549x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.88% mean, 540.42% max;
+#             2.707x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 161: flashinfer_direct, 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
@@ -66,20 +66,19 @@
 #   11. total_seq_len > 1874 and 161 < mean_seq_len <= 1448: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   12. total_seq_len > 11585 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 374 and num_seqs <= 12 and mean_seq_len <= 90: cuda_prefill_pool_rows.k16c8, 23 workloads, 7.25x (2.61x .. 16.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 374 and 90 < mean_seq_len <= 183: triton_prefill_fused.c16v32, 4 workloads, 7.31x (6.73x .. 7.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 374 and 183 < mean_seq_len <= 419: cuda_prefill_staged.r64s4, 2 workloads, 6.00x (5.46x .. 6.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k4c8, flashinfer_direct, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 374 and num_seqs > 12 and mean_seq_len <= 90: cuda_prefill_pool_rows.k8c8, 18 workloads, 5.91x (2.42x .. 14.55x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. num_seqs <= 1 and 419 < mean_seq_len <= 1448: cuda_prefill_staged.r32s4, 2 workloads, 4.54x (4.28x .. 4.81x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   6. 1448 < mean_seq_len <= 5792: cuda_prefill_cp.p8, 5 workloads, 3.49x (2.20x .. 4.52x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   7. 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
-#   8. mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   9. 1 < num_seqs <= 11 and 419 < mean_seq_len <= 1448: cuda_prefill_staged.r64s4, 9 workloads, 4.67x (2.44x .. 7.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   10. num_seqs > 11 and 419 < mean_seq_len <= 1448: cuda_prefill_staged.r32s4, 4 workloads, 2.34x (1.59x .. 3.84x) over vllm_flashinfer_prefill
-#   11. 374 < total_seq_len <= 817 and num_seqs <= 35 and mean_seq_len <= 419: triton_prefill_fused.c16v32, 13 workloads, 4.69x (2.11x .. 9.62x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len > 374 and num_seqs > 35 and mean_seq_len <= 3: cuda_prefill_staged.r32s4, 4 workloads, 2.10x (1.91x .. 2.65x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, flashinfer_direct
-#   13. total_seq_len > 374 and num_seqs > 35 and 3 < mean_seq_len <= 419: cuda_prefill_staged.r64s4, 26 workloads, 2.26x (1.15x .. 3.99x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   14. total_seq_len > 817 and num_seqs <= 35 and mean_seq_len <= 419: cuda_prefill_staged.r64s4, 27 workloads, 4.17x (1.49x .. 8.64x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   1. total_seq_len <= 374 and num_seqs <= 4: cuda_prefill_pool_rows.k16c8, 22 workloads, 7.13x (3.62x .. 15.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 374 and num_seqs > 4: cuda_prefill_pool_rows.k8c8, 25 workloads, 5.13x (2.15x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. 374 < total_seq_len <= 2056 and mean_seq_len > 45: cuda_prefill_staged.r32s4, 35 workloads, 3.88x (1.52x .. 7.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64
+#   4. 374 < total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len <= 45: triton_prefill_fused.c16v32, 9 workloads, 2.97x (1.66x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
+#   5. 374 < total_seq_len <= 3465 and num_seqs > 51 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 19 workloads, 1.99x (1.29x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   6. 2056 < total_seq_len <= 3465 and mean_seq_len > 45: flashinfer_direct, 2 workloads, 2.72x (2.04x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   7. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792: cuda_prefill_cp.p8, 4 workloads, 2.54x (1.48x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   8. total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608: cuda_prefill_cp.p16, 2 workloads, 2.07x (2.06x .. 2.07x) over vllm_flashinfer_prefill
+#   9. total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   10. total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len > 596: cuda_prefill_staged.r32s4, 4 workloads, 2.90x (2.19x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   12. total_seq_len > 3465 and 35 < num_seqs <= 251: cuda_prefill_staged.r64s4, 7 workloads, 1.79x (1.14x .. 2.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   13. total_seq_len > 3465 and num_seqs > 251: flashinfer_direct, 4 workloads, 1.46x (1.39x .. 1.54x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -98,20 +97,19 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (None, 12), 'total_seq_len': (None, 374)}, 'workloads': 23, 'speedup': (2.61, 7.25, 16.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (90, 183), 'total_seq_len': (None, 374)}, 'workloads': 4, 'speedup': (6.73, 7.31, 7.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (183, 419), 'total_seq_len': (None, 374)}, 'workloads': 2, 'speedup': (5.46, 6.0, 6.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 90), 'num_seqs': (12, None), 'total_seq_len': (None, 374)}, 'workloads': 18, 'speedup': (2.42, 5.91, 14.55), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (4.28, 4.54, 4.81), 'fallbacks': ('triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1448, 5792)}, 'workloads': 5, 'speedup': (2.2, 3.49, 4.52), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 7, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608)}, 'workloads': 2, 'speedup': (2.26, 2.28, 2.31), 'fallbacks': ()},
-    {'region': 8, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (1, 11)}, 'workloads': 9, 'speedup': (2.44, 4.67, 7.08), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (419, 1448), 'num_seqs': (11, None)}, 'workloads': 4, 'speedup': (1.59, 2.34, 3.84), 'fallbacks': ()},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 35), 'total_seq_len': (374, 817)}, 'workloads': 13, 'speedup': (2.11, 4.69, 9.62), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (35, None), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (1.91, 2.1, 2.65), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 419), 'num_seqs': (35, None), 'total_seq_len': (374, None)}, 'workloads': 26, 'speedup': (1.15, 2.26, 3.99), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 419), 'num_seqs': (None, 35), 'total_seq_len': (817, None)}, 'workloads': 27, 'speedup': (1.49, 4.17, 8.64), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 374)}, 'workloads': 22, 'speedup': (3.62, 7.13, 15.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 374)}, 'workloads': 25, 'speedup': (2.15, 5.13, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (374, 2056)}, 'workloads': 35, 'speedup': (1.52, 3.88, 7.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 51), 'total_seq_len': (374, 3465)}, 'workloads': 9, 'speedup': (1.66, 2.97, 6.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (51, None), 'total_seq_len': (374, 3465)}, 'workloads': 19, 'speedup': (1.29, 1.99, 2.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (2056, 3465)}, 'workloads': 2, 'speedup': (2.04, 2.72, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (None, 5792), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.48, 2.54, 3.12), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'mean_seq_len': (5792, 11608), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (2.06, 2.07, 2.07), 'fallbacks': ()},
+    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (11608, None), 'num_seqs': (None, 5), 'total_seq_len': (3465, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (None, 596), 'num_seqs': (5, 35), 'total_seq_len': (3465, None)}, 'workloads': 6, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (596, None), 'num_seqs': (5, 35), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (2.19, 2.9, 4.05), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (35, 251), 'total_seq_len': (3465, None)}, 'workloads': 7, 'speedup': (1.14, 1.79, 2.48), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 13, 'variant': 'flashinfer_direct', 'bounds': {'num_seqs': (251, None), 'total_seq_len': (3465, None)}, 'workloads': 4, 'speedup': (1.39, 1.46, 1.54), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -162,48 +160,45 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 23 workloads, 7.25x (2.61x .. 16.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs <= 12 and mean_seq_len <= 90:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 4 workloads, 7.31x (6.73x .. 7.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and 90 < mean_seq_len <= 183:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 3: 2 workloads, 6.00x (5.46x .. 6.60x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and 183 < mean_seq_len <= 419:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k4c8', 'flashinfer_direct', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 4: 18 workloads, 5.91x (2.42x .. 14.55x) over vllm_flashinfer_prefill
-    if total_seq_len <= 374 and num_seqs > 12 and mean_seq_len <= 90:
+    # region 1: 22 workloads, 7.13x (3.62x .. 15.26x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs <= 4:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 2: 25 workloads, 5.13x (2.15x .. 15.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 374 and num_seqs > 4:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 2 workloads, 4.54x (4.28x .. 4.81x) over vllm_flashinfer_prefill
-    if num_seqs <= 1 and 419 < mean_seq_len <= 1448:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 5 workloads, 3.49x (2.20x .. 4.52x) over vllm_flashinfer_prefill
-    if 1448 < mean_seq_len <= 5792:
+    # region 3: 35 workloads, 3.88x (1.52x .. 7.71x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 2056 and mean_seq_len > 45:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
+    # region 4: 9 workloads, 2.97x (1.66x .. 6.20x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len <= 45:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v32'
+    # region 5: 19 workloads, 1.99x (1.29x .. 2.91x) over vllm_flashinfer_prefill
+    if 374 < total_seq_len <= 3465 and num_seqs > 51 and mean_seq_len <= 45:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 6: 2 workloads, 2.72x (2.04x .. 3.62x) over vllm_flashinfer_prefill
+    if 2056 < total_seq_len <= 3465 and mean_seq_len > 45:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
+    # region 7: 4 workloads, 2.54x (1.48x .. 3.12x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len <= 5792:
         return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 7: 2 workloads, 2.28x (2.26x .. 2.31x) over vllm_flashinfer_prefill
-    if 5792 < mean_seq_len <= 11608:
+    # region 8: 2 workloads, 2.07x (2.06x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs <= 5 and 5792 < mean_seq_len <= 11608:
         return 'cuda_prefill_cp.p16'
-    # region 8: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if mean_seq_len > 11608:
+    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3465 and num_seqs <= 5 and mean_seq_len > 11608:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 9: 9 workloads, 4.67x (2.44x .. 7.08x) over vllm_flashinfer_prefill
-    if 1 < num_seqs <= 11 and 419 < mean_seq_len <= 1448:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 10: 4 workloads, 2.34x (1.59x .. 3.84x) over vllm_flashinfer_prefill
-    if num_seqs > 11 and 419 < mean_seq_len <= 1448:
-        return 'cuda_prefill_staged.r32s4'
-    # region 11: 13 workloads, 4.69x (2.11x .. 9.62x) over vllm_flashinfer_prefill
-    if 374 < total_seq_len <= 817 and num_seqs <= 35 and mean_seq_len <= 419:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 4 workloads, 2.10x (1.91x .. 2.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs > 35 and mean_seq_len <= 3:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 13: 26 workloads, 2.26x (1.15x .. 3.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 374 and num_seqs > 35 and 3 < mean_seq_len <= 419:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 27 workloads, 4.17x (1.49x .. 8.64x) over vllm_flashinfer_prefill
-    if total_seq_len > 817 and num_seqs <= 35 and mean_seq_len <= 419:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 10: 6 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len <= 596:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 4 workloads, 2.90x (2.19x .. 4.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and 5 < num_seqs <= 35 and mean_seq_len > 596:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 12: 7 workloads, 1.79x (1.14x .. 2.48x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and 35 < num_seqs <= 251:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 13: 4 workloads, 1.46x (1.39x .. 1.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 3465 and num_seqs > 251:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -214,8 +209,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 6.47% mean, 72.40% max;
 #             1.392x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.44% mean, 260.06% max;
-#             3.231x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 10.41% mean, 212.24% max;
+#             2.887x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.46x (7.72x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 72 and num_seqs <= 11 and 9 < max_seq_len <= 45: triton_prefill_fused.c16v32, 5 workloads, 4.93x (3.84x .. 7.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
@@ -287,43 +282,40 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   68. total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
 #   69. total_seq_len > 20107 and 11 < num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 45 and num_seqs <= 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k16c8, 2 workloads, 16.58x (16.54x .. 16.62x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 45 and 2 < max_seq_len <= 31: cuda_prefill_pool_rows.k16c8, 2 workloads, 9.63x (5.91x .. 15.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 45 and num_seqs > 5 and max_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.65x (6.65x .. 6.65x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 181 and 31 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 14 workloads, 6.83x (3.40x .. 14.14x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 803 and num_seqs <= 90 and 127 < max_seq_len <= 255: triton_prefill_fused.c16v32, 12 workloads, 5.46x (2.79x .. 7.78x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 803 and 255 < max_seq_len <= 450: cuda_prefill_staged.r64s4, 8 workloads, 4.27x (2.01x .. 6.95x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
-#   7. total_seq_len <= 803 and 450 < max_seq_len <= 2045: cuda_prefill_staged.r32s4, 2 workloads, 4.37x (4.28x .. 4.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 803 and num_seqs > 90 and 127 < max_seq_len <= 255: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: cuda_prefill_cp.p16, 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
-#   10. num_seqs <= 1 and mean_seq_len <= 8208 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   11. num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: cuda_prefill_staged.r32s4, 1 workloads, 4.14x (4.14x .. 4.14x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   12. num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093: cuda_prefill_staged.r32s4, 1 workloads, 3.01x (3.01x .. 3.01x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. 1 < num_seqs <= 11 and mean_seq_len <= 8208 and 4093 < max_seq_len <= 7169: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
-#   14. 1 < num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 7169: cuda_prefill_staged.r32s4, 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   15. 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563: cuda_prefill_staged.r64s4, 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   16. 11 < num_seqs <= 22 and 2045 < max_seq_len <= 4088: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   17. 11 < num_seqs <= 22 and 4088 < max_seq_len <= 7658: cuda_prefill_staged.r32s4, 1 workloads, 2.12x (2.12x .. 2.12x) over vllm_flashinfer_prefill
-#   18. 11 < num_seqs <= 22 and max_seq_len > 7658: vllm_flashinfer_prefill (baseline), 0 workloads
-#   19. 22 < num_seqs <= 79 and 2045 < max_seq_len <= 11562: cuda_prefill_staged.r64s4, 2 workloads, 1.78x (1.49x .. 2.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   20. 22 < num_seqs <= 79 and max_seq_len > 11562: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
-#   21. 79 < num_seqs <= 181 and 2045 < max_seq_len <= 8128: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 79 < num_seqs <= 181 and max_seq_len > 8128: cuda_prefill_staged.r32s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-#   23. num_seqs > 181 and 2045 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. num_seqs > 181 and max_seq_len > 5420: cuda_prefill_staged.r32s4, 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
-#   25. 45 < total_seq_len <= 181 and 12 < max_seq_len <= 31: cuda_prefill_pool_rows.k8c8, 5 workloads, 9.07x (5.57x .. 14.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   26. 45 < total_seq_len <= 803 and max_seq_len <= 12: cuda_prefill_pool_rows.k2c8, 10 workloads, 4.66x (2.62x .. 14.42x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct
-#   27. 181 < total_seq_len <= 803 and num_seqs <= 6 and 31 < max_seq_len <= 127: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.88x (4.74x .. 7.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   28. 181 < total_seq_len <= 803 and 12 < max_seq_len <= 31: cuda_prefill_pool_rows.k2c8, 3 workloads, 5.12x (4.68x .. 5.51x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   29. 181 < total_seq_len <= 803 and num_seqs > 6 and 31 < max_seq_len <= 127: cuda_prefill_pool_rows.k8c8, 6 workloads, 5.91x (2.56x .. 10.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   30. 803 < total_seq_len <= 1299 and num_seqs <= 1 and 246 < max_seq_len <= 2045: cuda_prefill_staged.r32s4, 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   31. 803 < total_seq_len <= 1299 and num_seqs <= 45 and max_seq_len <= 89: triton_prefill_fused.c16v64, 2 workloads, 5.53x (5.13x .. 5.97x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   32. 803 < total_seq_len <= 1299 and num_seqs <= 45 and 89 < max_seq_len <= 246: triton_prefill_fused.c16v32, 3 workloads, 4.45x (2.59x .. 8.22x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   33. 803 < total_seq_len <= 1299 and 1 < num_seqs <= 45 and 246 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 10 workloads, 5.13x (3.10x .. 7.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. 803 < total_seq_len <= 1299 and num_seqs > 45 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 3 workloads, 2.97x (1.84x .. 4.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   35. 803 < total_seq_len <= 1299 and num_seqs > 45 and 45 < max_seq_len <= 2045: cuda_prefill_staged.r64s4, 3 workloads, 2.51x (2.23x .. 2.76x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   36. total_seq_len > 1299 and max_seq_len <= 2045: cuda_prefill_staged.r64s4, 35 workloads, 3.29x (1.73x .. 6.92x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   37. total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   1. total_seq_len <= 16 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 16 and 2 < max_seq_len <= 27: cuda_prefill_pool_rows.k16c8, 1 workloads, 13.30x (13.30x .. 13.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 101 and 27 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 7 workloads, 7.32x (3.70x .. 11.32x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 362 and mean_seq_len > 22 and 125 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.30x (4.08x .. 7.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len <= 533 and num_seqs <= 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 533 and num_seqs > 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 2896 and num_seqs > 35 and 209 < max_seq_len <= 256: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32
+#   9. total_seq_len <= 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420: cuda_prefill_staged.r32s4, 6 workloads, 3.69x (2.00x .. 6.68x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   11. total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209: cuda_prefill_cp.p16, 2 workloads, 1.64x (1.30x .. 2.07x) over vllm_flashinfer_prefill
+#   12. num_seqs <= 11 and mean_seq_len <= 8208 and 209 < max_seq_len <= 379: triton_prefill_fused.c16v32, 11 workloads, 4.54x (2.87x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. num_seqs <= 11 and mean_seq_len <= 8208 and 379 < max_seq_len <= 4093: cuda_prefill_staged.r32s4, 20 workloads, 3.77x (2.25x .. 6.60x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   14. num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   15. 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
+#   16. num_seqs > 22 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
+#   17. 16 < total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 11 workloads, 8.15x (3.63x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 16 < total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.28x (2.27x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   19. 101 < total_seq_len <= 533 and 27 < max_seq_len <= 84: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.57x (2.64x .. 12.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 101 < total_seq_len <= 533 and 84 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.60x (2.91x .. 7.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   21. 362 < total_seq_len <= 533 and mean_seq_len > 22 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 3 workloads, 5.34x (4.97x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   22. 533 < total_seq_len <= 1448 and 28 < max_seq_len <= 35: cuda_prefill_pool_rows.k2c8, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   23. total_seq_len > 533 and num_seqs <= 45 and 126 < max_seq_len <= 209: triton_prefill_fused.c16v64, 3 workloads, 4.76x (2.94x .. 7.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. total_seq_len > 533 and num_seqs <= 90 and 35 < max_seq_len <= 126: triton_prefill_fused.c16v64, 5 workloads, 2.50x (1.61x .. 4.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. total_seq_len > 533 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.20x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   26. total_seq_len > 533 and num_seqs > 45 and 126 < max_seq_len <= 209: cuda_prefill_staged.r64s4, 4 workloads, 1.77x (1.22x .. 2.48x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   27. total_seq_len > 533 and num_seqs > 90 and 35 < max_seq_len <= 126: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 1448 and num_seqs <= 181 and 28 < max_seq_len <= 35: triton_prefill_fused.c16v64, 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   29. total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 2896 and num_seqs > 35 and 209 < max_seq_len <= 256: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   32. total_seq_len > 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
+#   34. total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 3, 'speedup': (7.72, 8.46, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -398,43 +390,40 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (None, 5), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (16.54, 16.58, 16.62), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 31), 'total_seq_len': (None, 45)}, 'workloads': 2, 'speedup': (5.91, 9.63, 15.72), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 45)}, 'workloads': 1, 'speedup': (6.65, 6.65, 6.65), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 127), 'total_seq_len': (None, 181)}, 'workloads': 14, 'speedup': (3.4, 6.83, 14.14), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (127, 255), 'num_seqs': (None, 90), 'total_seq_len': (None, 803)}, 'workloads': 12, 'speedup': (2.79, 5.46, 7.78), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (255, 450), 'total_seq_len': (None, 803)}, 'workloads': 8, 'speedup': (2.01, 4.27, 6.95), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (450, 2045), 'total_seq_len': (None, 803)}, 'workloads': 2, 'speedup': (4.28, 4.37, 4.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (127, 255), 'num_seqs': (90, None), 'total_seq_len': (None, 803)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 28435)}, 'workloads': 2, 'speedup': (1.38, 1.77, 2.26), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 1)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (4.14, 4.14, 4.14), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (2563, 4093), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 1, 'speedup': (3.01, 3.01, 3.01), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 7169), 'mean_seq_len': (None, 8208), 'num_seqs': (1, 11)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (7169, None), 'mean_seq_len': (None, 8208), 'num_seqs': (1, 11)}, 'workloads': 1, 'speedup': (2.24, 2.24, 2.24), 'fallbacks': (), 'hand_back': True},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 2563), 'mean_seq_len': (None, 8208), 'num_seqs': (5, 11)}, 'workloads': 1, 'speedup': (4.13, 4.13, 4.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 4088), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4088, 7658), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (2.12, 2.12, 2.12), 'fallbacks': ()},
-    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7658, None), 'num_seqs': (11, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 11562), 'num_seqs': (22, 79)}, 'workloads': 2, 'speedup': (1.49, 1.78, 2.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (11562, None), 'num_seqs': (22, 79)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 8128), 'num_seqs': (79, 181)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (8128, None), 'num_seqs': (79, 181)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (2045, 5420), 'num_seqs': (181, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.67, 1.67, 1.67), 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (12, 31), 'total_seq_len': (45, 181)}, 'workloads': 5, 'speedup': (5.57, 9.07, 14.7), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 12), 'total_seq_len': (45, 803)}, 'workloads': 10, 'speedup': (2.62, 4.66, 14.42), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (31, 127), 'num_seqs': (None, 6), 'total_seq_len': (181, 803)}, 'workloads': 3, 'speedup': (4.74, 5.88, 7.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (12, 31), 'total_seq_len': (181, 803)}, 'workloads': 3, 'speedup': (4.68, 5.12, 5.51), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (31, 127), 'num_seqs': (6, None), 'total_seq_len': (181, 803)}, 'workloads': 6, 'speedup': (2.56, 5.91, 10.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (246, 2045), 'num_seqs': (None, 1), 'total_seq_len': (803, 1299)}, 'workloads': 1, 'speedup': (4.81, 4.81, 4.81), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 89), 'num_seqs': (None, 45), 'total_seq_len': (803, 1299)}, 'workloads': 2, 'speedup': (5.13, 5.53, 5.97), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (89, 246), 'num_seqs': (None, 45), 'total_seq_len': (803, 1299)}, 'workloads': 3, 'speedup': (2.59, 4.45, 8.22), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (246, 2045), 'num_seqs': (1, 45), 'total_seq_len': (803, 1299)}, 'workloads': 10, 'speedup': (3.1, 5.13, 7.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (803, 1299)}, 'workloads': 3, 'speedup': (1.84, 2.97, 4.74), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (45, 2045), 'num_seqs': (45, None), 'total_seq_len': (803, 1299)}, 'workloads': 3, 'speedup': (2.23, 2.51, 2.76), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 2045), 'total_seq_len': (1299, None)}, 'workloads': 35, 'speedup': (1.73, 3.29, 6.92), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2045, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (28435, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 2), 'total_seq_len': (None, 16)}, 'workloads': 2, 'speedup': (11.05, 13.22, 15.83), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (2, 27), 'total_seq_len': (None, 16)}, 'workloads': 1, 'speedup': (13.3, 13.3, 13.3), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (27, 125), 'total_seq_len': (None, 101)}, 'workloads': 7, 'speedup': (3.7, 7.32, 11.32), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (22, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (4.08, 5.3, 7.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (None, 22), 'num_seqs': (None, 90), 'total_seq_len': (None, 533)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (None, 22), 'num_seqs': (90, None), 'total_seq_len': (None, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 256), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (256, 16368), 'num_seqs': (35, None), 'total_seq_len': (None, 4833)}, 'workloads': 6, 'speedup': (1.7, 1.96, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 5420), 'num_seqs': (11, 22), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (2.0, 3.69, 6.68), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 16368), 'num_seqs': (22, 35), 'total_seq_len': (None, 11585)}, 'workloads': 7, 'speedup': (1.47, 1.93, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 28435)}, 'workloads': 2, 'speedup': (1.3, 1.64, 2.07), 'fallbacks': ()},
+    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, 379), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 11, 'speedup': (2.87, 4.54, 7.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (379, 4093), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 20, 'speedup': (2.25, 3.77, 6.6), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 27), 'num_seqs': (None, 45), 'total_seq_len': (16, 533)}, 'workloads': 11, 'speedup': (3.63, 8.15, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'num_seqs': (45, None), 'total_seq_len': (16, 533)}, 'workloads': 7, 'speedup': (2.27, 3.28, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 84), 'total_seq_len': (101, 533)}, 'workloads': 11, 'speedup': (2.64, 5.57, 12.82), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (84, 125), 'total_seq_len': (101, 533)}, 'workloads': 6, 'speedup': (2.91, 4.6, 7.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (22, None), 'total_seq_len': (362, 533)}, 'workloads': 3, 'speedup': (4.97, 5.34, 6.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (28, 35), 'total_seq_len': (533, 1448)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 209), 'num_seqs': (None, 45), 'total_seq_len': (533, None)}, 'workloads': 3, 'speedup': (2.94, 4.76, 7.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (None, 90), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (1.61, 2.5, 4.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (2.2, 2.74, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (126, 209), 'num_seqs': (45, None), 'total_seq_len': (533, None)}, 'workloads': 4, 'speedup': (1.22, 1.77, 2.48), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (90, None), 'total_seq_len': (533, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (None, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (3.34, 3.34, 3.34), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 256), 'num_seqs': (35, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (256, 16368), 'num_seqs': (35, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.14, 1.6, 1.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 5420), 'num_seqs': (11, 22), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (2.27, 3.21, 6.4), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 16368), 'num_seqs': (22, 35), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (28435, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -641,113 +630,104 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 2 workloads, 16.58x (16.54x .. 16.62x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs <= 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 9.63x (5.91x .. 15.72x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and 2 < max_seq_len <= 31:
+    # region 1: 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill
+    if total_seq_len <= 16 and max_seq_len <= 2:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 2: 1 workloads, 13.30x (13.30x .. 13.30x) over vllm_flashinfer_prefill
+    if total_seq_len <= 16 and 2 < max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 3: 7 workloads, 7.32x (3.70x .. 11.32x) over vllm_flashinfer_prefill
+    if total_seq_len <= 101 and 27 < max_seq_len <= 125:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 1 workloads, 6.65x (6.65x .. 6.65x) over vllm_flashinfer_prefill
-    if total_seq_len <= 45 and num_seqs > 5 and max_seq_len <= 2:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 14 workloads, 6.83x (3.40x .. 14.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 181 and 31 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 12 workloads, 5.46x (2.79x .. 7.78x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and num_seqs <= 90 and 127 < max_seq_len <= 255:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 6: 8 workloads, 4.27x (2.01x .. 6.95x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and 255 < max_seq_len <= 450:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 7: 2 workloads, 4.37x (4.28x .. 4.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 803 and 450 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 803 and num_seqs > 90 and 127 < max_seq_len <= 255:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 2 workloads, 1.77x (1.38x .. 2.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045:
+    # region 4: 3 workloads, 5.30x (4.08x .. 7.25x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and mean_seq_len > 22 and 125 < max_seq_len <= 209:
+        return ('cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 5: 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 533 and num_seqs <= 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 533 and num_seqs > 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and num_seqs > 35 and 209 < max_seq_len <= 256:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
+    # region 9: 6 workloads, 3.69x (2.00x .. 6.68x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 10: 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 11: 2 workloads, 1.64x (1.30x .. 2.07x) over vllm_flashinfer_prefill
+    if total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209:
         return 'cuda_prefill_cp.p16'
-    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 1 and mean_seq_len <= 8208 and max_seq_len > 4093:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 1 workloads, 4.14x (4.14x .. 4.14x) over vllm_flashinfer_prefill
-    if num_seqs <= 5 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 1 workloads, 3.01x (3.01x .. 3.01x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len <= 8208 and 2563 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 13: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 1 < num_seqs <= 11 and mean_seq_len <= 8208 and 4093 < max_seq_len <= 7169:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 14: 1 workloads, 2.24x (2.24x .. 2.24x) over vllm_flashinfer_prefill's guarded call
-    if 1 < num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 7169:
-        return 'cuda_prefill_staged.r32s4'
-    # region 15: 1 workloads, 4.13x (4.13x .. 4.13x) over vllm_flashinfer_prefill
-    if 5 < num_seqs <= 11 and mean_seq_len <= 8208 and 2045 < max_seq_len <= 2563:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if 11 < num_seqs <= 22 and 2045 < max_seq_len <= 4088:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 17: 1 workloads, 2.12x (2.12x .. 2.12x) over vllm_flashinfer_prefill
-    if 11 < num_seqs <= 22 and 4088 < max_seq_len <= 7658:
-        return 'cuda_prefill_staged.r32s4'
-    # region 19: 2 workloads, 1.78x (1.49x .. 2.13x) over vllm_flashinfer_prefill
-    if 22 < num_seqs <= 79 and 2045 < max_seq_len <= 11562:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 22 < num_seqs <= 79 and max_seq_len > 11562:
-        return 'cuda_prefill_staged.r32s4'
-    # region 21: 0 workloads, by estimated times (no measured workload in it)
-    if 79 < num_seqs <= 181 and 2045 < max_seq_len <= 8128:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-    if 79 < num_seqs <= 181 and max_seq_len > 8128:
-        return 'cuda_prefill_staged.r32s4'
-    # region 23: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs > 181 and 2045 < max_seq_len <= 5420:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 1 workloads, 1.67x (1.67x .. 1.67x) over vllm_flashinfer_prefill
-    if num_seqs > 181 and max_seq_len > 5420:
-        return 'cuda_prefill_staged.r32s4'
-    # region 25: 5 workloads, 9.07x (5.57x .. 14.70x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 181 and 12 < max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 26: 10 workloads, 4.66x (2.62x .. 14.42x) over vllm_flashinfer_prefill
-    if 45 < total_seq_len <= 803 and max_seq_len <= 12:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 27: 3 workloads, 5.88x (4.74x .. 7.43x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 803 and num_seqs <= 6 and 31 < max_seq_len <= 127:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 28: 3 workloads, 5.12x (4.68x .. 5.51x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 803 and 12 < max_seq_len <= 31:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 29: 6 workloads, 5.91x (2.56x .. 10.28x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 803 and num_seqs > 6 and 31 < max_seq_len <= 127:
+    # region 12: 11 workloads, 4.54x (2.87x .. 7.13x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len <= 8208 and 209 < max_seq_len <= 379:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 13: 20 workloads, 3.77x (2.25x .. 6.60x) over vllm_flashinfer_prefill
+    if num_seqs <= 11 and mean_seq_len <= 8208 and 379 < max_seq_len <= 4093:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 14: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 11 < num_seqs <= 22 and max_seq_len > 5420:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 11 workloads, 8.15x (3.63x .. 15.34x) over vllm_flashinfer_prefill
+    if 16 < total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 18: 7 workloads, 3.28x (2.27x .. 6.36x) over vllm_flashinfer_prefill
+    if 16 < total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 27:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 19: 11 workloads, 5.57x (2.64x .. 12.82x) over vllm_flashinfer_prefill
+    if 101 < total_seq_len <= 533 and 27 < max_seq_len <= 84:
         return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 30: 1 workloads, 4.81x (4.81x .. 4.81x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1299 and num_seqs <= 1 and 246 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 31: 2 workloads, 5.53x (5.13x .. 5.97x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1299 and num_seqs <= 45 and max_seq_len <= 89:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'triton_prefill_fused.c16v64'
-    # region 32: 3 workloads, 4.45x (2.59x .. 8.22x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1299 and num_seqs <= 45 and 89 < max_seq_len <= 246:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 33: 10 workloads, 5.13x (3.10x .. 7.08x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1299 and 1 < num_seqs <= 45 and 246 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 3 workloads, 2.97x (1.84x .. 4.74x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1299 and num_seqs > 45 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 35: 3 workloads, 2.51x (2.23x .. 2.76x) over vllm_flashinfer_prefill
-    if 803 < total_seq_len <= 1299 and num_seqs > 45 and 45 < max_seq_len <= 2045:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 36: 35 workloads, 3.29x (1.73x .. 6.92x) over vllm_flashinfer_prefill
-    if total_seq_len > 1299 and max_seq_len <= 2045:
+    # region 20: 6 workloads, 4.60x (2.91x .. 7.50x) over vllm_flashinfer_prefill
+    if 101 < total_seq_len <= 533 and 84 < max_seq_len <= 125:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 21: 3 workloads, 5.34x (4.97x .. 6.02x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and mean_seq_len > 22 and 125 < max_seq_len <= 209:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 22: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
+    if 533 < total_seq_len <= 1448 and 28 < max_seq_len <= 35:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 23: 3 workloads, 4.76x (2.94x .. 7.54x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs <= 45 and 126 < max_seq_len <= 209:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 24: 5 workloads, 2.50x (1.61x .. 4.16x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs <= 90 and 35 < max_seq_len <= 126:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 25: 5 workloads, 2.74x (2.20x .. 3.37x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and max_seq_len <= 28:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 26: 4 workloads, 1.77x (1.22x .. 2.48x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 45 and 126 < max_seq_len <= 209:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 37: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 2045:
+    # region 27: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 90 and 35 < max_seq_len <= 126:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 28: 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs <= 181 and 28 < max_seq_len <= 35:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 29: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    if total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 30: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and num_seqs > 35 and 209 < max_seq_len <= 256:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 31: 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 32: 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 33: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -777,12 +757,5 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465:  # region 65
         return True
     if total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267:  # region 68
-        return True
-    return False
-
-
-def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
-    mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 1 < num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 7169:  # region 14
         return True
     return False

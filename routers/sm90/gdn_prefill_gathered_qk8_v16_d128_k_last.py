@@ -6,7 +6,7 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T05:59:54Z
+# measured    up to 2026-12-01T11:20:17Z
 # workloads   141 (workload-set digest 06063359a8d29c83)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
@@ -50,8 +50,8 @@
 #             range of every feature), else the baseline
 # held out    graph: 5-fold over workloads: regret vs the best variant 7.89% mean, 70.72% max;
 #             1.197x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 14.61% mean, 120.56% max;
-#             2.442x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.32% mean, 180.82% max;
+#             2.127x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 31 and num_seqs <= 7 and mean_seq_len <= 326: cuda_prefill_pool_rows.k4c8, 4 workloads, 4.89x (1.64x .. 8.72x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct
 #   2. total_seq_len <= 168 and num_seqs > 7 and mean_seq_len <= 2: cuda_prefill_pool_rows.k2c8, 6 workloads, 1.65x (1.19x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, flashinfer_direct
@@ -66,22 +66,18 @@
 #   11. total_seq_len > 168 and num_seqs > 21 and mean_seq_len > 26: vllm_flashinfer_prefill (baseline), 22 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 #   12. total_seq_len > 2438 and num_seqs <= 7 and mean_seq_len > 326: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
 # regions     eager calls (eager host + device times): `route_eager`
-#   1. total_seq_len <= 90 and num_seqs <= 1: cuda_prefill_pool_rows.k16c8, 3 workloads, 9.41x (6.21x .. 15.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 90 and 1 < num_seqs <= 14: cuda_prefill_pool_rows.k8c8, 8 workloads, 9.25x (4.67x .. 17.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 205 and 14 < num_seqs <= 25: cuda_prefill_pool_rows.k2c8, 7 workloads, 4.58x (3.09x .. 5.70x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
-#   4. total_seq_len <= 724 and num_seqs > 25 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 9 workloads, 3.16x (2.01x .. 5.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
-#   5. total_seq_len <= 724 and num_seqs > 25 and mean_seq_len > 3: cuda_prefill_staged.r32s4, 9 workloads, 2.59x (2.01x .. 3.40x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   6. 90 < total_seq_len <= 192 and num_seqs <= 14: triton_prefill_fused.c16v64, 7 workloads, 4.04x (1.64x .. 8.53x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. 192 < total_seq_len <= 344 and num_seqs <= 14: cuda_prefill_staged.r64s4, 10 workloads, 4.02x (1.49x .. 7.43x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. 205 < total_seq_len <= 724 and 14 < num_seqs <= 25: triton_prefill_fused.c16v64, 6 workloads, 2.53x (2.01x .. 3.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 344 < total_seq_len <= 1870 and num_seqs <= 14: cuda_prefill_staged.r32s4, 21 workloads, 4.53x (2.69x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len <= 46: cuda_prefill_staged.r64s4, 17 workloads, 2.21x (1.61x .. 3.08x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   11. 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len > 46: cuda_prefill_staged.r32s4, 9 workloads, 2.96x (2.35x .. 3.64x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 1870 < total_seq_len <= 2438 and num_seqs <= 14: cuda_prefill_staged.r64s4, 6 workloads, 3.16x (1.57x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   13. total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len <= 4399: cuda_prefill_staged.r32s4, 8 workloads, 2.52x (1.80x .. 3.80x) over vllm_flashinfer_prefill
-#   14. total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len > 4399: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off
-#   15. total_seq_len > 4324 and num_seqs > 14 and mean_seq_len <= 347: flashinfer_direct, 12 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-#   16. total_seq_len > 4324 and num_seqs > 14 and mean_seq_len > 347: cuda_prefill_staged.r64s4, 4 workloads, 1.64x (1.28x .. 2.01x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   1. total_seq_len <= 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k8c8, 3 workloads, 10.21x (5.50x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 214 and num_seqs <= 5 and mean_seq_len > 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 6.53x (5.09x .. 8.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 362 and 3 < mean_seq_len <= 12: cuda_prefill_pool_rows.k8c8, 10 workloads, 4.01x (1.60x .. 13.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   4. total_seq_len <= 613 and num_seqs > 5 and mean_seq_len > 12: flashinfer_direct, 19 workloads, 1.76x (1.54x .. 1.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   5. total_seq_len > 9 and mean_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 11 workloads, 3.18x (2.01x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   6. 214 < total_seq_len <= 3448 and num_seqs <= 5 and mean_seq_len > 12: cuda_prefill_staged.r32s4, 25 workloads, 4.32x (2.20x .. 7.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len > 362 and num_seqs <= 195 and 3 < mean_seq_len <= 12: flashinfer_direct, 4 workloads, 1.52x (1.46x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
+#   8. total_seq_len > 362 and num_seqs > 195 and 3 < mean_seq_len <= 12: cuda_prefill_staged.r64s4, 6 workloads, 2.05x (1.86x .. 2.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   9. 613 < total_seq_len <= 3448 and num_seqs > 5 and mean_seq_len > 12: cuda_prefill_staged.r64s4, 25 workloads, 2.02x (1.19x .. 3.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   10. total_seq_len > 3448 and num_seqs <= 1 and mean_seq_len > 12: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len > 3448 and 1 < num_seqs <= 4 and mean_seq_len > 12: cuda_prefill_staged.r64s4, 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   12. total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 12: flashinfer_direct, 20 workloads, 1.40x (1.12x .. 1.79x) over vllm_flashinfer_prefill
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
@@ -100,22 +96,18 @@ REGIONS = (
 )
 
 REGIONS_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 1), 'total_seq_len': (None, 90)}, 'workloads': 3, 'speedup': (6.21, 9.41, 15.92), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (1, 14), 'total_seq_len': (None, 90)}, 'workloads': 8, 'speedup': (4.67, 9.25, 17.5), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'num_seqs': (14, 25), 'total_seq_len': (None, 205)}, 'workloads': 7, 'speedup': (3.09, 4.58, 5.7), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'num_seqs': (25, None), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (2.01, 3.16, 5.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (3, None), 'num_seqs': (25, None), 'total_seq_len': (None, 724)}, 'workloads': 9, 'speedup': (2.01, 2.59, 3.4), 'fallbacks': ('triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (90, 192)}, 'workloads': 7, 'speedup': (1.64, 4.04, 8.53), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (192, 344)}, 'workloads': 10, 'speedup': (1.49, 4.02, 7.43), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'num_seqs': (14, 25), 'total_seq_len': (205, 724)}, 'workloads': 6, 'speedup': (2.01, 2.53, 3.28), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (344, 1870)}, 'workloads': 21, 'speedup': (2.69, 4.53, 7.13), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 46), 'num_seqs': (14, None), 'total_seq_len': (724, 4324)}, 'workloads': 17, 'speedup': (1.61, 2.21, 3.08), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (46, None), 'num_seqs': (14, None), 'total_seq_len': (724, 4324)}, 'workloads': 9, 'speedup': (2.35, 2.96, 3.64), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'num_seqs': (None, 14), 'total_seq_len': (1870, 2438)}, 'workloads': 6, 'speedup': (1.57, 3.16, 5.74), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 4399), 'num_seqs': (None, 14), 'total_seq_len': (2438, None)}, 'workloads': 8, 'speedup': (1.8, 2.52, 3.8), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (4399, None), 'num_seqs': (None, 14), 'total_seq_len': (2438, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 15, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 347), 'num_seqs': (14, None), 'total_seq_len': (4324, None)}, 'workloads': 12, 'speedup': (1.18, 1.36, 1.65), 'fallbacks': ()},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (347, None), 'num_seqs': (14, None), 'total_seq_len': (4324, None)}, 'workloads': 4, 'speedup': (1.28, 1.64, 2.01), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (None, 9)}, 'workloads': 3, 'speedup': (5.5, 10.21, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 214)}, 'workloads': 10, 'speedup': (5.09, 6.53, 8.95), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'mean_seq_len': (3, 12), 'total_seq_len': (None, 362)}, 'workloads': 10, 'speedup': (1.6, 4.01, 13.01), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 4, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (5, None), 'total_seq_len': (None, 613)}, 'workloads': 19, 'speedup': (1.54, 1.76, 1.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'mean_seq_len': (None, 3), 'total_seq_len': (9, None)}, 'workloads': 11, 'speedup': (2.01, 3.18, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 5), 'total_seq_len': (214, 3448)}, 'workloads': 25, 'speedup': (2.2, 4.32, 7.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (3, 12), 'num_seqs': (None, 195), 'total_seq_len': (362, None)}, 'workloads': 4, 'speedup': (1.46, 1.52, 1.68), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (3, 12), 'num_seqs': (195, None), 'total_seq_len': (362, None)}, 'workloads': 6, 'speedup': (1.86, 2.05, 2.33), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (5, None), 'total_seq_len': (613, 3448)}, 'workloads': 25, 'speedup': (1.19, 2.02, 3.41), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (None, 1), 'total_seq_len': (3448, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (1, 4), 'total_seq_len': (3448, None)}, 'workloads': 4, 'speedup': (1.3, 2.33, 3.76), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (12, None), 'num_seqs': (4, None), 'total_seq_len': (3448, None)}, 'workloads': 20, 'speedup': (1.12, 1.4, 1.79), 'fallbacks': ()},
 )
 
 MEASURED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768)}  # feature -> (min, max) over the tuned workloads
@@ -166,54 +158,42 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
 def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 3 workloads, 9.41x (6.21x .. 15.92x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 1:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 8 workloads, 9.25x (4.67x .. 17.50x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 1 < num_seqs <= 14:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 7 workloads, 4.58x (3.09x .. 5.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 205 and 14 < num_seqs <= 25:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 4: 9 workloads, 3.16x (2.01x .. 5.16x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 25 and mean_seq_len <= 3:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 5: 9 workloads, 2.59x (2.01x .. 3.40x) over vllm_flashinfer_prefill
-    if total_seq_len <= 724 and num_seqs > 25 and mean_seq_len > 3:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 7 workloads, 4.04x (1.64x .. 8.53x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 192 and num_seqs <= 14:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 7: 10 workloads, 4.02x (1.49x .. 7.43x) over vllm_flashinfer_prefill
-    if 192 < total_seq_len <= 344 and num_seqs <= 14:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 8: 6 workloads, 2.53x (2.01x .. 3.28x) over vllm_flashinfer_prefill
-    if 205 < total_seq_len <= 724 and 14 < num_seqs <= 25:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 21 workloads, 4.53x (2.69x .. 7.13x) over vllm_flashinfer_prefill
-    if 344 < total_seq_len <= 1870 and num_seqs <= 14:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 17 workloads, 2.21x (1.61x .. 3.08x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len <= 46:
+    # region 1: 3 workloads, 10.21x (5.50x .. 16.19x) over vllm_flashinfer_prefill
+    if total_seq_len <= 9 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 2: 10 workloads, 6.53x (5.09x .. 8.95x) over vllm_flashinfer_prefill
+    if total_seq_len <= 214 and num_seqs <= 5 and mean_seq_len > 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 3: 10 workloads, 4.01x (1.60x .. 13.01x) over vllm_flashinfer_prefill
+    if total_seq_len <= 362 and 3 < mean_seq_len <= 12:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 4: 19 workloads, 1.76x (1.54x .. 1.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 613 and num_seqs > 5 and mean_seq_len > 12:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 5: 11 workloads, 3.18x (2.01x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len > 9 and mean_seq_len <= 3:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 6: 25 workloads, 4.32x (2.20x .. 7.37x) over vllm_flashinfer_prefill
+    if 214 < total_seq_len <= 3448 and num_seqs <= 5 and mean_seq_len > 12:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 4 workloads, 1.52x (1.46x .. 1.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs <= 195 and 3 < mean_seq_len <= 12:
+        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
+    # region 8: 6 workloads, 2.05x (1.86x .. 2.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and num_seqs > 195 and 3 < mean_seq_len <= 12:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 9: 25 workloads, 2.02x (1.19x .. 3.41x) over vllm_flashinfer_prefill
+    if 613 < total_seq_len <= 3448 and num_seqs > 5 and mean_seq_len > 12:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 11: 9 workloads, 2.96x (2.35x .. 3.64x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 4324 and num_seqs > 14 and mean_seq_len > 46:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 12: 6 workloads, 3.16x (1.57x .. 5.74x) over vllm_flashinfer_prefill
-    if 1870 < total_seq_len <= 2438 and num_seqs <= 14:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 8 workloads, 2.52x (1.80x .. 3.80x) over vllm_flashinfer_prefill
-    if total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len <= 4399:
-        return 'cuda_prefill_staged.r32s4'
-    # region 14: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 2438 and num_seqs <= 14 and mean_seq_len > 4399:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 12 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 4324 and num_seqs > 14 and mean_seq_len <= 347:
-        return 'flashinfer_direct'
-    # region 16: 4 workloads, 1.64x (1.28x .. 2.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 4324 and num_seqs > 14 and mean_seq_len > 347:
+    # region 10: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 3448 and num_seqs <= 1 and mean_seq_len > 12:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 11: 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill
+    if total_seq_len > 3448 and 1 < num_seqs <= 4 and mean_seq_len > 12:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 20 workloads, 1.40x (1.12x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 3448 and num_seqs > 4 and mean_seq_len > 12:
+        return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -224,8 +204,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 3.60% mean, 48.34% max;
 #             1.214x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 9.19% mean, 80.72% max;
-#             2.508x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.53% mean, 74.79% max;
+#             2.288x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len <= 3: cuda_prefill_pool_rows.k2c8, 2 workloads, 1.96x (1.82x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 25 and num_seqs > 5 and mean_seq_len <= 2 and max_seq_len > 3: cuda_prefill_pool_rows.k4c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
@@ -271,43 +251,36 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   42. total_seq_len > 2896 and num_seqs > 21 and mean_seq_len > 9 and max_seq_len > 380: vllm_flashinfer_prefill (baseline), 6 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   43. total_seq_len > 5404 and num_seqs > 21 and mean_seq_len > 73 and max_seq_len <= 380: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64
 # regions     eager calls: `route_hinted_eager`
-#   1. total_seq_len <= 22 and num_seqs <= 8 and 4 < max_seq_len <= 15: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   2. total_seq_len <= 90 and num_seqs <= 1 and max_seq_len > 15: cuda_prefill_pool_rows.k16c8, 2 workloads, 7.23x (6.21x .. 8.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. total_seq_len <= 90 and num_seqs <= 2 and max_seq_len <= 4: cuda_prefill_pool_rows.k16c8, 2 workloads, 16.66x (15.92x .. 17.43x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 90 and 1 < num_seqs <= 8 and max_seq_len > 15: cuda_prefill_pool_rows.k8c8, 4 workloads, 10.45x (8.54x .. 13.02x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   5. total_seq_len <= 90 and 2 < num_seqs <= 8 and max_seq_len <= 4: cuda_prefill_pool_rows.k2c8, 1 workloads, 5.74x (5.74x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 358 and num_seqs > 8 and mean_seq_len <= 11 and max_seq_len > 55: cuda_prefill_staged.r32s4, 3 workloads, 3.00x (2.38x .. 3.64x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 358 and num_seqs > 8 and max_seq_len <= 55: cuda_prefill_pool_rows.k2c8, 15 workloads, 4.07x (2.60x .. 5.70x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   8. total_seq_len <= 358 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len > 55: cuda_prefill_staged.r64s4, 2 workloads, 3.03x (2.75x .. 3.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   9. 22 < total_seq_len <= 90 and num_seqs <= 8 and 4 < max_seq_len <= 15: cuda_prefill_pool_rows.k2c8, 1 workloads, 9.71x (9.71x .. 9.71x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   10. 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 57: cuda_prefill_pool_rows.k4c8, 3 workloads, 5.62x (3.16x .. 9.59x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   11. 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len > 57: triton_prefill_fused.c16v32, 4 workloads, 3.51x (1.57x .. 8.74x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   12. 181 < total_seq_len <= 358 and num_seqs <= 1 and max_seq_len > 238: cuda_prefill_staged.r64s4, 1 workloads, 5.84x (5.84x .. 5.84x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   13. 181 < total_seq_len <= 358 and num_seqs <= 8 and max_seq_len <= 104: cuda_prefill_staged.r64s4, 3 workloads, 2.71x (1.49x .. 7.43x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. 181 < total_seq_len <= 358 and num_seqs <= 8 and 104 < max_seq_len <= 238: triton_prefill_fused.c16v32, 5 workloads, 4.75x (1.50x .. 7.41x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   15. 181 < total_seq_len <= 358 and 1 < num_seqs <= 8 and max_seq_len > 238: cuda_prefill_staged.r32s4, 1 workloads, 5.80x (5.80x .. 5.80x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len <= 85: triton_prefill_fused.c16v64, 4 workloads, 3.12x (2.50x .. 3.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   17. 358 < total_seq_len <= 545 and num_seqs <= 45 and 85 < max_seq_len <= 244: cuda_prefill_staged.r64s4, 3 workloads, 4.47x (3.12x .. 6.07x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len > 244: cuda_prefill_staged.r32s4, 7 workloads, 4.03x (2.83x .. 6.88x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.84x (2.47x .. 3.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len > 45: cuda_prefill_staged.r32s4, 2 workloads, 2.28x (2.07x .. 2.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   21. 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len <= 220: cuda_prefill_staged.r64s4, 6 workloads, 3.28x (2.08x .. 4.04x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   22. 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len > 220: cuda_prefill_staged.r32s4, 12 workloads, 4.24x (1.57x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
-#   23. 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len <= 43: cuda_prefill_staged.r64s4, 3 workloads, 2.17x (1.98x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len > 43: cuda_prefill_staged.r32s4, 4 workloads, 2.27x (2.15x .. 2.37x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   25. 1622 < total_seq_len <= 5404 and num_seqs <= 11 and max_seq_len > 714: cuda_prefill_staged.r32s4, 7 workloads, 2.83x (1.80x .. 5.23x) over vllm_flashinfer_prefill
-#   26. 1622 < total_seq_len <= 5404 and max_seq_len <= 714: cuda_prefill_staged.r64s4, 11 workloads, 2.91x (2.09x .. 5.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   27. 1622 < total_seq_len <= 5404 and num_seqs > 11 and max_seq_len > 714: cuda_prefill_staged.r64s4, 4 workloads, 2.13x (1.61x .. 2.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   28. 5404 < total_seq_len <= 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 6 workloads, 1.79x (1.62x .. 2.27x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   29. total_seq_len > 5404 and num_seqs <= 4 and max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   30. total_seq_len > 5404 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 5404 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   32. total_seq_len > 5404 and 4 < num_seqs <= 22 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
-#   33. total_seq_len > 5404 and 22 < num_seqs <= 90 and max_seq_len > 7170: cuda_prefill_staged.r64s4, 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
-#   34. total_seq_len > 5404 and num_seqs > 29 and mean_seq_len <= 104 and max_seq_len <= 7170: cuda_prefill_staged.r64s4, 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   35. total_seq_len > 5404 and num_seqs > 29 and mean_seq_len > 104 and max_seq_len <= 7170: flashinfer_direct, 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-#   36. total_seq_len > 5404 and num_seqs > 90 and max_seq_len > 7170: flashinfer_direct, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170: flashinfer_direct, 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
+#   1. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 6.48x (6.48x .. 6.48x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   2. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and 5 < max_seq_len <= 63: cuda_prefill_pool_rows.k4c8, 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   3. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and max_seq_len <= 13: cuda_prefill_pool_rows.k2c8, 2 workloads, 5.21x (4.56x .. 5.94x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and 13 < max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   5. total_seq_len <= 181 and mean_seq_len > 26 and 63 < max_seq_len <= 118: cuda_prefill_pool_rows.k8c8, 2 workloads, 6.02x (5.72x .. 6.34x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 181 and mean_seq_len > 26 and max_seq_len > 118: triton_prefill_fused.c16v32, 1 workloads, 5.35x (5.35x .. 5.35x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.53x (1.89x .. 3.48x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 3448 and num_seqs <= 11 and mean_seq_len <= 26 and max_seq_len > 63: flashinfer_direct, 2 workloads, 1.64x (1.63x .. 1.64x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   9. total_seq_len <= 3448 and 11 < num_seqs <= 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 3448 and num_seqs > 11 and mean_seq_len <= 26 and max_seq_len > 64: cuda_prefill_staged.r64s4, 12 workloads, 2.07x (1.48x .. 3.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   11. total_seq_len <= 3448 and num_seqs > 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   12. num_seqs <= 7 and max_seq_len <= 63: cuda_prefill_pool_rows.k8c8, 11 workloads, 8.15x (5.31x .. 16.19x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   13. num_seqs > 45 and max_seq_len <= 6: cuda_prefill_pool_rows.k2c8, 6 workloads, 3.19x (2.38x .. 3.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct
+#   14. num_seqs > 45 and mean_seq_len > 11 and 6 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 4 workloads, 1.42x (1.25x .. 1.89x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   15. 90 < total_seq_len <= 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.12x (1.81x .. 2.48x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   16. total_seq_len > 90 and 7 < num_seqs <= 45 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 5 workloads, 3.71x (2.88x .. 5.22x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 181 < total_seq_len <= 3448 and num_seqs <= 5 and mean_seq_len > 26 and max_seq_len > 226: cuda_prefill_staged.r32s4, 19 workloads, 4.06x (2.20x .. 7.15x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 181 < total_seq_len <= 3448 and num_seqs <= 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226: triton_prefill_fused.c16v64, 14 workloads, 3.55x (1.90x .. 8.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 181 < total_seq_len <= 3448 and num_seqs > 5 and mean_seq_len > 26 and max_seq_len > 226: cuda_prefill_staged.r64s4, 16 workloads, 1.98x (1.31x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   20. 181 < total_seq_len <= 3448 and num_seqs > 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226: cuda_prefill_staged.r64s4, 3 workloads, 1.99x (1.45x .. 2.77x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64
+#   21. total_seq_len > 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63: triton_prefill_fused.c16v64, 3 workloads, 1.60x (1.35x .. 1.94x) over vllm_flashinfer_prefill; then flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off
+#   22. total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63: cuda_prefill_staged.r64s4, 3 workloads, 2.05x (1.98x .. 2.11x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 3448 < total_seq_len <= 7643 and num_seqs <= 1 and max_seq_len > 63: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, cuda_prefill_cp.p8, cuda_prefill_staged.r64s4, cuda_prefill_cp.p16, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   24. 3448 < total_seq_len <= 7643 and num_seqs > 1 and max_seq_len > 63: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   25. total_seq_len > 7643 and num_seqs <= 4 and 63 < max_seq_len <= 8189: cuda_prefill_staged.r64s4, 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   26. total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p4, cuda_prefill_cp.p8, cuda_prefill_cp.p16, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and 63 < max_seq_len <= 3371: cuda_prefill_staged.r64s4, 2 workloads, 1.54x (1.42x .. 1.68x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   28. total_seq_len > 7643 and num_seqs > 4 and 3371 < max_seq_len <= 16372: flashinfer_direct, 6 workloads, 1.34x (1.18x .. 1.45x) over vllm_flashinfer_prefill
+#   29. total_seq_len > 7643 and num_seqs > 4 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   30. total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 104 and 63 < max_seq_len <= 3371: flashinfer_direct, 9 workloads, 1.50x (1.20x .. 1.79x) over vllm_flashinfer_prefill
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 3), 'mean_seq_len': (None, 2), 'num_seqs': (5, None), 'total_seq_len': (None, 25)}, 'workloads': 2, 'speedup': (1.82, 1.96, 2.11), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32')},
@@ -356,43 +329,36 @@ REGIONS_HINTED = (
 )
 
 REGIONS_HINTED_EAGER = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (4, 15), 'num_seqs': (None, 8), 'total_seq_len': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, None), 'num_seqs': (None, 1), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (6.21, 7.23, 8.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (None, 2), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (15.92, 16.66, 17.43), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, None), 'num_seqs': (1, 8), 'total_seq_len': (None, 90)}, 'workloads': 4, 'speedup': (8.54, 10.45, 13.02), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 4), 'num_seqs': (2, 8), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (5.74, 5.74, 5.74), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (55, None), 'mean_seq_len': (None, 11), 'num_seqs': (8, None), 'total_seq_len': (None, 358)}, 'workloads': 3, 'speedup': (2.38, 3.0, 3.64), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 55), 'num_seqs': (8, None), 'total_seq_len': (None, 358)}, 'workloads': 15, 'speedup': (2.6, 4.07, 5.7), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (55, None), 'mean_seq_len': (11, None), 'num_seqs': (8, None), 'total_seq_len': (None, 358)}, 'workloads': 2, 'speedup': (2.75, 3.03, 3.34), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (4, 15), 'num_seqs': (None, 8), 'total_seq_len': (22, 90)}, 'workloads': 1, 'speedup': (9.71, 9.71, 9.71), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 57), 'num_seqs': (None, 8), 'total_seq_len': (90, 181)}, 'workloads': 3, 'speedup': (3.16, 5.62, 9.59), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 11, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (57, None), 'num_seqs': (None, 8), 'total_seq_len': (90, 181)}, 'workloads': 4, 'speedup': (1.57, 3.51, 8.74), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (238, None), 'num_seqs': (None, 1), 'total_seq_len': (181, 358)}, 'workloads': 1, 'speedup': (5.84, 5.84, 5.84), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 104), 'num_seqs': (None, 8), 'total_seq_len': (181, 358)}, 'workloads': 3, 'speedup': (1.49, 2.71, 7.43), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (104, 238), 'num_seqs': (None, 8), 'total_seq_len': (181, 358)}, 'workloads': 5, 'speedup': (1.5, 4.75, 7.41), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (238, None), 'num_seqs': (1, 8), 'total_seq_len': (181, 358)}, 'workloads': 1, 'speedup': (5.8, 5.8, 5.8), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 85), 'num_seqs': (None, 45), 'total_seq_len': (358, 545)}, 'workloads': 4, 'speedup': (2.5, 3.12, 3.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 17, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (85, 244), 'num_seqs': (None, 45), 'total_seq_len': (358, 545)}, 'workloads': 3, 'speedup': (3.12, 4.47, 6.07), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (244, None), 'num_seqs': (None, 45), 'total_seq_len': (358, 545)}, 'workloads': 7, 'speedup': (2.83, 4.03, 6.88), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (45, None), 'total_seq_len': (358, 545)}, 'workloads': 4, 'speedup': (2.47, 2.84, 3.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, None), 'num_seqs': (45, None), 'total_seq_len': (358, 545)}, 'workloads': 2, 'speedup': (2.07, 2.28, 2.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 220), 'num_seqs': (None, 45), 'total_seq_len': (545, 1622)}, 'workloads': 6, 'speedup': (2.08, 3.28, 4.04), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (220, None), 'num_seqs': (None, 45), 'total_seq_len': (545, 1622)}, 'workloads': 12, 'speedup': (1.57, 4.24, 7.13), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 43), 'num_seqs': (45, None), 'total_seq_len': (545, 1622)}, 'workloads': 3, 'speedup': (1.98, 2.17, 2.44), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (43, None), 'num_seqs': (45, None), 'total_seq_len': (545, 1622)}, 'workloads': 4, 'speedup': (2.15, 2.27, 2.37), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (714, None), 'num_seqs': (None, 11), 'total_seq_len': (1622, 5404)}, 'workloads': 7, 'speedup': (1.8, 2.83, 5.23), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 714), 'total_seq_len': (1622, 5404)}, 'workloads': 11, 'speedup': (2.09, 2.91, 5.74), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (714, None), 'num_seqs': (11, None), 'total_seq_len': (1622, 5404)}, 'workloads': 4, 'speedup': (1.61, 2.13, 2.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'num_seqs': (4, 29), 'total_seq_len': (5404, 22103)}, 'workloads': 6, 'speedup': (1.62, 1.79, 2.27), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 8189), 'num_seqs': (None, 4), 'total_seq_len': (5404, None)}, 'workloads': 4, 'speedup': (1.55, 2.57, 3.95), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, 16372), 'num_seqs': (4, 22), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (2.01, 2.01, 2.01), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (4, 22), 'total_seq_len': (5404, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (22, 90), 'total_seq_len': (5404, None)}, 'workloads': 2, 'speedup': (1.28, 1.51, 1.79), 'fallbacks': ()},
-    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (None, 104), 'num_seqs': (29, None), 'total_seq_len': (5404, None)}, 'workloads': 3, 'speedup': (1.44, 1.58, 1.71), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'mean_seq_len': (104, None), 'num_seqs': (29, None), 'total_seq_len': (5404, None)}, 'workloads': 6, 'speedup': (1.18, 1.36, 1.65), 'fallbacks': ()},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (7170, None), 'num_seqs': (90, None), 'total_seq_len': (5404, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ()},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 7170), 'num_seqs': (4, 29), 'total_seq_len': (22103, None)}, 'workloads': 1, 'speedup': (1.28, 1.28, 1.28), 'fallbacks': ()},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 2), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (6.48, 6.48, 6.48), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (5, 63), 'mean_seq_len': (None, 2), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.69, 3.69, 3.69), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 3, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 13), 'mean_seq_len': (2, None), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 2, 'speedup': (4.56, 5.21, 5.94), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (13, 63), 'mean_seq_len': (2, None), 'num_seqs': (7, 45), 'total_seq_len': (None, 90)}, 'workloads': 1, 'speedup': (3.85, 3.85, 3.85), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (63, 118), 'mean_seq_len': (26, None), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (5.72, 6.02, 6.34), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (118, None), 'mean_seq_len': (26, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (5.35, 5.35, 5.35), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (6, 63), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (None, 724)}, 'workloads': 6, 'speedup': (1.89, 2.53, 3.48), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, None), 'mean_seq_len': (None, 26), 'num_seqs': (None, 11), 'total_seq_len': (None, 3448)}, 'workloads': 2, 'speedup': (1.63, 1.64, 1.64), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 64), 'mean_seq_len': (None, 26), 'num_seqs': (11, 45), 'total_seq_len': (None, 3448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 26), 'num_seqs': (11, None), 'total_seq_len': (None, 3448)}, 'workloads': 12, 'speedup': (1.48, 2.07, 3.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 64), 'mean_seq_len': (None, 26), 'num_seqs': (45, None), 'total_seq_len': (None, 3448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 12, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 63), 'num_seqs': (None, 7)}, 'workloads': 11, 'speedup': (5.31, 8.15, 16.19), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 6), 'num_seqs': (45, None)}, 'workloads': 6, 'speedup': (2.38, 3.19, 3.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 63), 'mean_seq_len': (11, None), 'num_seqs': (45, None)}, 'workloads': 4, 'speedup': (1.25, 1.42, 1.89), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (30, 63), 'num_seqs': (7, 45), 'total_seq_len': (90, 362)}, 'workloads': 2, 'speedup': (1.81, 2.12, 2.48), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (7, 45), 'total_seq_len': (90, None)}, 'workloads': 5, 'speedup': (2.88, 3.71, 5.22), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (226, None), 'mean_seq_len': (26, None), 'num_seqs': (None, 5), 'total_seq_len': (181, 3448)}, 'workloads': 19, 'speedup': (2.2, 4.06, 7.15), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (63, 226), 'mean_seq_len': (26, None), 'num_seqs': (None, 22), 'total_seq_len': (181, 3448)}, 'workloads': 14, 'speedup': (1.9, 3.55, 8.71), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (226, None), 'mean_seq_len': (26, None), 'num_seqs': (5, None), 'total_seq_len': (181, 3448)}, 'workloads': 16, 'speedup': (1.31, 1.98, 2.55), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 226), 'mean_seq_len': (26, None), 'num_seqs': (22, None), 'total_seq_len': (181, 3448)}, 'workloads': 3, 'speedup': (1.45, 1.99, 2.77), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64')},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (30, 63), 'num_seqs': (7, 45), 'total_seq_len': (362, None)}, 'workloads': 3, 'speedup': (1.35, 1.6, 1.94), 'fallbacks': ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (6, 63), 'mean_seq_len': (None, 11), 'num_seqs': (45, None), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (1.98, 2.05, 2.11), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (None, 1), 'total_seq_len': (3448, 7643)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, None), 'num_seqs': (1, None), 'total_seq_len': (3448, 7643)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 8189), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 4, 'speedup': (1.3, 2.33, 3.76), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 26, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'num_seqs': (None, 4), 'total_seq_len': (7643, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (63, 3371), 'mean_seq_len': (None, 104), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 2, 'speedup': (1.42, 1.54, 1.68), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 28, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (3371, 16372), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 6, 'speedup': (1.18, 1.34, 1.45), 'fallbacks': ()},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (63, 3371), 'mean_seq_len': (104, None), 'num_seqs': (4, None), 'total_seq_len': (7643, None)}, 'workloads': 9, 'speedup': (1.2, 1.5, 1.79), 'fallbacks': ()},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -536,113 +502,95 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768 and 1 <= max_seq_len <= 32768  # within the measured ranges: fallbacks apply
-    # region 1: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 22 and num_seqs <= 8 and 4 < max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 2: 2 workloads, 7.23x (6.21x .. 8.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 1 and max_seq_len > 15:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 3: 2 workloads, 16.66x (15.92x .. 17.43x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and num_seqs <= 2 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 4: 4 workloads, 10.45x (8.54x .. 13.02x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 1 < num_seqs <= 8 and max_seq_len > 15:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 5: 1 workloads, 5.74x (5.74x .. 5.74x) over vllm_flashinfer_prefill
-    if total_seq_len <= 90 and 2 < num_seqs <= 8 and max_seq_len <= 4:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 3 workloads, 3.00x (2.38x .. 3.64x) over vllm_flashinfer_prefill
-    if total_seq_len <= 358 and num_seqs > 8 and mean_seq_len <= 11 and max_seq_len > 55:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 15 workloads, 4.07x (2.60x .. 5.70x) over vllm_flashinfer_prefill
-    if total_seq_len <= 358 and num_seqs > 8 and max_seq_len <= 55:
-        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 8: 2 workloads, 3.03x (2.75x .. 3.34x) over vllm_flashinfer_prefill
-    if total_seq_len <= 358 and num_seqs > 8 and mean_seq_len > 11 and max_seq_len > 55:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 9: 1 workloads, 9.71x (9.71x .. 9.71x) over vllm_flashinfer_prefill
-    if 22 < total_seq_len <= 90 and num_seqs <= 8 and 4 < max_seq_len <= 15:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 10: 3 workloads, 5.62x (3.16x .. 9.59x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len <= 57:
-        return ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 11: 4 workloads, 3.51x (1.57x .. 8.74x) over vllm_flashinfer_prefill
-    if 90 < total_seq_len <= 181 and num_seqs <= 8 and max_seq_len > 57:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 12: 1 workloads, 5.84x (5.84x .. 5.84x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 358 and num_seqs <= 1 and max_seq_len > 238:
-        return ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, 2.71x (1.49x .. 7.43x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 358 and num_seqs <= 8 and max_seq_len <= 104:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 14: 5 workloads, 4.75x (1.50x .. 7.41x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 358 and num_seqs <= 8 and 104 < max_seq_len <= 238:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 15: 1 workloads, 5.80x (5.80x .. 5.80x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 358 and 1 < num_seqs <= 8 and max_seq_len > 238:
-        return ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 16: 4 workloads, 3.12x (2.50x .. 3.71x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len <= 85:
-        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 17: 3 workloads, 4.47x (3.12x .. 6.07x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 545 and num_seqs <= 45 and 85 < max_seq_len <= 244:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 18: 7 workloads, 4.03x (2.83x .. 6.88x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 545 and num_seqs <= 45 and max_seq_len > 244:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 19: 4 workloads, 2.84x (2.47x .. 3.33x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len <= 45:
+    # region 1: 1 workloads, 6.48x (6.48x .. 6.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and max_seq_len <= 5:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 2: 1 workloads, 3.69x (3.69x .. 3.69x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len <= 2 and 5 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 3: 2 workloads, 5.21x (4.56x .. 5.94x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and max_seq_len <= 13:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 4: 1 workloads, 3.85x (3.85x .. 3.85x) over vllm_flashinfer_prefill
+    if total_seq_len <= 90 and 7 < num_seqs <= 45 and mean_seq_len > 2 and 13 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 5: 2 workloads, 6.02x (5.72x .. 6.34x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len > 26 and 63 < max_seq_len <= 118:
+        return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 6: 1 workloads, 5.35x (5.35x .. 5.35x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and mean_seq_len > 26 and max_seq_len > 118:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 7: 6 workloads, 2.53x (1.89x .. 3.48x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 2 workloads, 2.28x (2.07x .. 2.50x) over vllm_flashinfer_prefill
-    if 358 < total_seq_len <= 545 and num_seqs > 45 and max_seq_len > 45:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 6 workloads, 3.28x (2.08x .. 4.04x) over vllm_flashinfer_prefill
-    if 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len <= 220:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 12 workloads, 4.24x (1.57x .. 7.13x) over vllm_flashinfer_prefill
-    if 545 < total_seq_len <= 1622 and num_seqs <= 45 and max_seq_len > 220:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 23: 3 workloads, 2.17x (1.98x .. 2.44x) over vllm_flashinfer_prefill
-    if 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len <= 43:
+    # region 8: 2 workloads, 1.64x (1.63x .. 1.64x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3448 and num_seqs <= 11 and mean_seq_len <= 26 and max_seq_len > 63:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3448 and 11 < num_seqs <= 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 10: 12 workloads, 2.07x (1.48x .. 3.31x) over vllm_flashinfer_prefill
+    if total_seq_len <= 3448 and num_seqs > 11 and mean_seq_len <= 26 and max_seq_len > 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 3448 and num_seqs > 45 and mean_seq_len <= 26 and 63 < max_seq_len <= 64:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
+    # region 12: 11 workloads, 8.15x (5.31x .. 16.19x) over vllm_flashinfer_prefill
+    if num_seqs <= 7 and max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 13: 6 workloads, 3.19x (2.38x .. 3.95x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and max_seq_len <= 6:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 14: 4 workloads, 1.42x (1.25x .. 1.89x) over vllm_flashinfer_prefill
+    if num_seqs > 45 and mean_seq_len > 11 and 6 < max_seq_len <= 63:
+        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 15: 2 workloads, 2.12x (1.81x .. 2.48x) over vllm_flashinfer_prefill
+    if 90 < total_seq_len <= 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 16: 5 workloads, 3.71x (2.88x .. 5.22x) over vllm_flashinfer_prefill
+    if total_seq_len > 90 and 7 < num_seqs <= 45 and max_seq_len <= 30:
+        return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 17: 19 workloads, 4.06x (2.20x .. 7.15x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3448 and num_seqs <= 5 and mean_seq_len > 26 and max_seq_len > 226:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 18: 14 workloads, 3.55x (1.90x .. 8.71x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3448 and num_seqs <= 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 19: 16 workloads, 1.98x (1.31x .. 2.55x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3448 and num_seqs > 5 and mean_seq_len > 26 and max_seq_len > 226:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
+    # region 20: 3 workloads, 1.99x (1.45x .. 2.77x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 3448 and num_seqs > 22 and mean_seq_len > 26 and 63 < max_seq_len <= 226:
+        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r64s4'
+    # region 21: 3 workloads, 1.60x (1.35x .. 1.94x) over vllm_flashinfer_prefill
+    if total_seq_len > 362 and 7 < num_seqs <= 45 and 30 < max_seq_len <= 63:
+        return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 22: 3 workloads, 2.05x (1.98x .. 2.11x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 45 and mean_seq_len <= 11 and 6 < max_seq_len <= 63:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 24: 4 workloads, 2.27x (2.15x .. 2.37x) over vllm_flashinfer_prefill
-    if 545 < total_seq_len <= 1622 and num_seqs > 45 and max_seq_len > 43:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 25: 7 workloads, 2.83x (1.80x .. 5.23x) over vllm_flashinfer_prefill
-    if 1622 < total_seq_len <= 5404 and num_seqs <= 11 and max_seq_len > 714:
-        return 'cuda_prefill_staged.r32s4'
-    # region 26: 11 workloads, 2.91x (2.09x .. 5.74x) over vllm_flashinfer_prefill
-    if 1622 < total_seq_len <= 5404 and max_seq_len <= 714:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 4 workloads, 2.13x (1.61x .. 2.71x) over vllm_flashinfer_prefill
-    if 1622 < total_seq_len <= 5404 and num_seqs > 11 and max_seq_len > 714:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 6 workloads, 1.79x (1.62x .. 2.27x) over vllm_flashinfer_prefill
-    if 5404 < total_seq_len <= 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170:
+    # region 23: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 3448 < total_seq_len <= 7643 and num_seqs <= 1 and max_seq_len > 63:
+        return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_cp.p16', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 24: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    if 3448 < total_seq_len <= 7643 and num_seqs > 1 and max_seq_len > 63:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 4 workloads, 2.57x (1.55x .. 3.95x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs <= 4 and max_seq_len <= 8189:
+    # region 25: 4 workloads, 2.33x (1.30x .. 3.76x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs <= 4 and 63 < max_seq_len <= 8189:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5404 and num_seqs <= 4 and max_seq_len > 8189:
+    # region 26: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs <= 4 and max_seq_len > 8189:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 31: 1 workloads, 2.01x (2.01x .. 2.01x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and 4 < num_seqs <= 22 and 7170 < max_seq_len <= 16372:
+    # region 27: 2 workloads, 1.54x (1.42x .. 1.68x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len <= 104 and 63 < max_seq_len <= 3371:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 33: 2 workloads, 1.51x (1.28x .. 1.79x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and 22 < num_seqs <= 90 and max_seq_len > 7170:
-        return 'cuda_prefill_staged.r64s4'
-    # region 34: 3 workloads, 1.58x (1.44x .. 1.71x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs > 29 and mean_seq_len <= 104 and max_seq_len <= 7170:
-        return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 35: 6 workloads, 1.36x (1.18x .. 1.65x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs > 29 and mean_seq_len > 104 and max_seq_len <= 7170:
+    # region 28: 6 workloads, 1.34x (1.18x .. 1.45x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and 3371 < max_seq_len <= 16372:
         return 'flashinfer_direct'
-    # region 36: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
-    if total_seq_len > 5404 and num_seqs > 90 and max_seq_len > 7170:
-        return 'flashinfer_direct'
-    # region 37: 1 workloads, 1.28x (1.28x .. 1.28x) over vllm_flashinfer_prefill
-    if total_seq_len > 22103 and 4 < num_seqs <= 29 and max_seq_len <= 7170:
+    # region 29: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 7643 and num_seqs > 4 and max_seq_len > 16372:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 9 workloads, 1.50x (1.20x .. 1.79x) over vllm_flashinfer_prefill
+    if total_seq_len > 7643 and num_seqs > 4 and mean_seq_len > 104 and 63 < max_seq_len <= 3371:
         return 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
