@@ -430,6 +430,27 @@ def test_estimates_continue_a_power_law_between_measured_shapes():
     assert np.isnan(got[1, 2]), "no estimate where the variant failed"
 
 
+def test_estimates_ignore_shapes_a_variant_declines():
+    """A workload the variant's `supports` declines (no row: never run) is neither data nor a failure,
+    so its estimates stand next to it; a query shape it declines gets none."""
+    from kdispatch.tuner import estimate
+
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 8, size=(40, 2))
+    lat = np.stack([np.exp(1.0 + 0.5 * X[:, 0]), np.exp(0.5 + 0.5 * X[:, 0])])
+    declined = np.zeros_like(lat, dtype=bool)
+    declined[1] = X[:, 1] > 4.0  # B takes half the box
+    lat[1, declined[1]] = np.nan
+    Q = np.array([[4.0, 3.9], [4.0, 6.0]])
+    declines_query = np.array([[False, False], [False, True]])
+    as_failed = estimate.log_times(X, lat, Q, bandwidth=1.5)
+    assert np.isnan(as_failed[1]).all()  # taken as failures, the declined half withdraws B near its edge
+    got = estimate.log_times(X, lat, Q, bandwidth=1.5, declined=declined, declines_query=declines_query)
+    np.testing.assert_allclose(got[1, 0], 0.5 + 0.5 * 4.0, atol=1e-2)
+    assert np.isnan(got[1, 1]), "no estimate at a shape the variant declines"
+    np.testing.assert_allclose(got[0], 1.0 + 0.5 * Q[:, 0], atol=1e-2)
+
+
 def test_pool_prefill_grid_shapes_are_valid_batches():
     from kdispatch.definitions.gdn.spec import pool_prefill_grid
     from kdispatch.spec import log_steps
@@ -503,6 +524,34 @@ def test_a_refitted_region_takes_estimates_only_inside_itself():
     assert not fitting._empty({"mean_seq_len": (2, 7)}) and fitting._empty({"num_seqs": (None, 4), "mean_seq_len": (7, 2)})
     policy = fitting.fit(table, with_heldout=False)
     assert not any(fitting._empty(r.bounds) for r in policy.regions + policy.eager.regions)
+
+
+def test_estimates_stand_next_to_shapes_a_variant_declines():
+    """A variant whose `supports` declines batches of more than two sequences (the context-parallel
+    prefill's rule) has no rows there: the grid's estimates take those shapes as outside its domain,
+    not as failures, so it keeps estimates at one- and two-sequence shapes beside them, and gets
+    none at the shapes it declines."""
+    from kdispatch import registry
+
+    store, hints = pool_prefill_store(
+        [(total, n, longest) for total in (1024, 2048, 4096, 8192) for n in (1, 2, 8, 32)
+         for longest in sorted({-(-total // n), total - n + 1})],
+        lambda name, total, n, longest: 100.0 if name == "flashinfer" else 60.0)
+    store.db.execute("DELETE FROM result WHERE variant = 'A' AND axes LIKE '%\"num_seqs\": 8,%' "
+                     "OR variant = 'A' AND axes LIKE '%\"num_seqs\": 32,%'")
+    registry.variant(POOL, "A", backend="torch", archs=("*",),
+                     supports=lambda f: None if f["num_seqs"] <= 2 else "more than 2 sequences")(lambda *a: None)
+    try:
+        table = fitting.load_table(store, POOL, "sm90").with_hints(hints)
+        assert {table.axes[u]["num_seqs"] for (v, u) in table.rows if v == "A"} == {1, 2}, "the test needs declined shapes"
+        m = fitting._Matrix(table, fitting.FitParams(), "graph")
+        n = len(table.uuids)
+        m.add_estimates(kdispatch.definitions.get(POOL).spec.estimate, fitting.FitParams())
+    finally:
+        registry.unregister(POOL, "A")
+    a, seqs = m.names.index("A"), m.X[n:, m.fit.index("num_seqs")]
+    assert np.isfinite(m.lat[a, n:][seqs <= 2]).all() and m.ok[a, n:][seqs <= 2].all()
+    assert np.isnan(m.lat[a, n:][seqs > 2]).all() and not m.ok[a, n:][seqs > 2].any()
 
 
 def test_determinism_byte_identical(tmp_path):

@@ -9,7 +9,12 @@ exp(-|log x - log q|^2 / (2 h^2)); the estimate is a. Local-linear rather than a
 a trend continues to the edge of the measured range instead of flattening towards the inside.
 
 No estimate (NaN) where the variant failed or was not timed on a workload that weighs more than
-`FAILED_NEAR` at the query (it is not trusted near a failure) or where no measured workload weighs in.
+`FAILED_NEAR` at the query (it is not trusted near a failure), where no measured workload weighs in,
+or at a query shape its `supports` declines. A workload it declines is neither data nor a failure:
+outside its domain, it says nothing of its times inside (the context-parallel prefill declines more
+than 16 (sequence, head) pairs, and those batches withdrew its estimates from every one-prompt shape
+near them: the hinted router sent 1 x 2,048 tokens at 8 value heads to FlashInfer, 66.0 us against
+CP's 52.4, measured there; H200, 2026-12-01).
 """
 from __future__ import annotations
 
@@ -20,17 +25,23 @@ FAILED_NEAR = 0.3
 RIDGE = 1e-3  # keeps the local fit solvable where the neighbours lie on a line
 
 
-def log_times(X: np.ndarray, lat: np.ndarray, Q: np.ndarray, bandwidth: float) -> np.ndarray:
+def log_times(X: np.ndarray, lat: np.ndarray, Q: np.ndarray, bandwidth: float, declined: np.ndarray | None = None,
+              declines_query: np.ndarray | None = None) -> np.ndarray:
     """Estimated log latency [variants, queries] at the shapes Q [queries, features] from measured
     latencies lat [variants, workloads] (NaN: failed or not timed) at the shapes X [workloads,
-    features]; X and Q are the logs of the features."""
+    features]; X and Q are the logs of the features. `declined` [variants, workloads] and
+    `declines_query` [variants, queries]: the shapes each variant's `supports` declines (none where
+    not given)."""
     d2 = ((X[None, :, :] - Q[:, None, :]) ** 2).sum(axis=2)  # queries x workloads
     w = np.exp(-d2 / (2.0 * bandwidth ** 2))
     out = np.full((lat.shape[0], len(Q)), np.nan)
     eye = RIDGE * np.eye(X.shape[1] + 1)
     for j, row in enumerate(lat):
         timed = np.isfinite(row) & (row > 0)
-        near_failure = (w[:, ~timed] > FAILED_NEAR).any(axis=1)
+        failed = ~timed if declined is None else ~timed & ~declined[j]
+        near_failure = (w[:, failed] > FAILED_NEAR).any(axis=1)
+        if declines_query is not None:
+            near_failure = near_failure | declines_query[j]
         ww, y = w[:, timed], np.log(row[timed])
         if not y.size:
             continue

@@ -525,7 +525,11 @@ class _Matrix:
             return 0
         X = np.array([[r[f] for f in self.fit] for r in rows], dtype=np.int64)
         logs = lambda a: np.log(np.maximum(a, 1).astype(np.float64))  # noqa: E731
-        lat = np.exp(estimates.log_times(logs(self.X[:, cols]), self.lat, logs(X[:, cols]), est.bandwidth))
+        declined = np.array([[_declines(self.t.definition, n, self.t.axes[u]) for u in self.t.uuids] for n in self.names],
+                            dtype=bool).reshape(len(self.names), len(self.t.uuids))
+        declines_query = np.array([[_declines(self.t.definition, n, r) for r in rows] for n in self.names], dtype=bool)
+        lat = np.exp(estimates.log_times(logs(self.X[:, cols]), self.lat, logs(X[:, cols]), est.bandwidth,
+                                         declined, declines_query))
         if not np.isfinite(lat[0]).any():
             return 0  # the baseline was not timed in this mode
         gain = np.array([0.0] + [required_gain(params, self.t.definition, v) for v in self.names[1:]])
@@ -1045,6 +1049,15 @@ class _RegretSum:
                 "speedup_vs_baseline": round(self.base / self.chosen, 3),
                 "slower_than_baseline": len(self.slower), "unsafe": len(self.unsafe),
                 "worst": {k: round(v, 2) if isinstance(v, float) else v for k, v in self.worst.items()}}
+
+
+def _declines(definition: str, name: str, features: dict) -> bool:
+    """Does variant `name` decline a shape with these features (its `supports`)? Not where it is not
+    registered here (its rows came from another machine: measured, it ran)."""
+    try:
+        return registry.get(definition, name).declines(features) is not None
+    except KeyError:
+        return False
 
 
 def _screen_time(screened: dict, mode: str) -> Timed | None:

@@ -181,10 +181,10 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 8.18% mean, 381.80% max;
-#             1.155x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 19.27% mean, 456.14% max;
-#             1.692x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 2.14% mean, 58.85% max;
+#             1.190x over the baseline; 3 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 6.69% mean, 67.35% max;
+#             1.840x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 22 and mean_seq_len > 5 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.31x (6.31x .. 6.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k2c8, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 41 and num_seqs <= 2 and mean_seq_len > 5 and max_seq_len > 21: triton_prefill_fused.c16v32, 2 workloads, 4.84x (4.82x .. 4.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8

@@ -6,27 +6,27 @@
 # serves      sm90 GPUs without a router of their own (<model>/: fitted on one model)
 # device      NVIDIA H200 (sm90), driver 580.159.04
 # software    torch 2.11.0, triton 3.6.0, CUDA 13.0, flashinfer 0.7.2.post1
-# measured    up to 2026-12-01T11:17:05Z
-# workloads   141 (workload-set digest 2fb88db0bbe44e34)
+# measured    up to 2026-12-01T11:49:45Z
+# workloads   143 (workload-set digest d2ea477f5f2721a8)
 # baseline    vllm_flashinfer_prefill
 # variants    name, source hash, workloads passed / measured, geomean speedup over the baseline
-#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  141/141  1.00x
-#   cuda_prefill_cp.p16             dffbd933664a25c8  19/19  0.97x
-#   cuda_prefill_cp.p4              647de52a3eb20d1c  19/19  1.09x
-#   cuda_prefill_cp.p8              f0718db216ee20b2  19/19  1.13x
-#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  96/134  0.99x  [38 screened out]
-#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  82/134  1.00x  [52 screened out]
-#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  89/134  0.99x  [45 screened out]
-#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  95/134  1.02x  [39 screened out]
-#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  138/141  1.73x  [3 screened out]
-#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  137/141  1.72x  [4 screened out]
-#   flashinfer_direct               755eb6578bd0a1f3  138/141  1.70x  [3 screened out]
-#   triton_prefill_chunked.v64      91b329a0e287a87d  113/141  1.03x  [28 screened out]
-#   triton_prefill_fused.c16v32     6adb950fad8337e7  125/141  1.22x  [16 screened out]
-#   triton_prefill_fused.c16v64     c51d19b31b74e07c  125/141  1.24x  [16 screened out]
-#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  138/141  1.32x  [3 screened out]
-#   triton_prefill_staged.c16v64    71c60215ec2efc08  138/141  1.26x  [3 screened out]
-#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  140/141  1.64x  [1 screened out]
+#   vllm_flashinfer_prefill         cafcd75cbe1a2e72  143/143  1.00x
+#   cuda_prefill_cp.p16             dffbd933664a25c8  21/21  0.98x
+#   cuda_prefill_cp.p4              647de52a3eb20d1c  21/21  1.11x
+#   cuda_prefill_cp.p8              f0718db216ee20b2  21/21  1.15x
+#   cuda_prefill_pool_rows.k16c8    f958eaf388dd955d  96/136  0.99x  [40 screened out]
+#   cuda_prefill_pool_rows.k2c8     73ee6d488e142e94  82/136  1.00x  [54 screened out]
+#   cuda_prefill_pool_rows.k4c8     87dcf77678c52ca5  89/136  0.99x  [47 screened out]
+#   cuda_prefill_pool_rows.k8c8     1c05b031bce2e2b7  95/136  1.02x  [41 screened out]
+#   cuda_prefill_staged.r32s4       4ec9c61f42b0e2c0  140/143  1.72x  [3 screened out]
+#   cuda_prefill_staged.r64s4       4c91dcb9dedf64eb  139/143  1.69x  [4 screened out]
+#   flashinfer_direct               755eb6578bd0a1f3  140/143  1.68x  [3 screened out]
+#   triton_prefill_chunked.v64      91b329a0e287a87d  115/143  1.03x  [28 screened out]
+#   triton_prefill_fused.c16v32     6adb950fad8337e7  126/143  1.21x  [17 screened out]
+#   triton_prefill_fused.c16v64     c51d19b31b74e07c  126/143  1.22x  [17 screened out]
+#   triton_prefill_staged.c16v32    37f0e2ff575e0e91  140/143  1.30x  [3 screened out]
+#   triton_prefill_staged.c16v64    71c60215ec2efc08  140/143  1.25x  [3 screened out]
+#   vllm_flashinfer_prefill.cp_off  25661950ba816ff7  142/143  1.62x  [1 screened out]
 # configs     launch configurations the tuner measured as variants of their own
 #   cuda_prefill_cp.p16             segments=16
 #   cuda_prefill_cp.p4              segments=4
@@ -48,27 +48,27 @@
 #             the measured spread (and 3%); the dispatcher still checks the variant's `supports`
 #             and availability and takes the region's next admissible variant (inside the measured
 #             range of every feature), else the baseline
-# held out    graph: 5-fold over workloads: regret vs the best variant 20.50% mean, 261.34% max;
-#             1.257x over the baseline; 6 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 22.88% mean, 540.42% max;
-#             2.707x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 21.05% mean, 261.34% max;
+#             1.257x over the baseline; 7 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 22.67% mean, 540.42% max;
+#             2.706x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
-#   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 161: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   2. total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 161: flashinfer_direct, 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-#   3. total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 161: cuda_prefill_staged.r32s4, 20 workloads, 1.19x (1.05x .. 1.32x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   4. total_seq_len <= 1874 and 161 < mean_seq_len <= 1448: cuda_prefill_staged.r32s4, 13 workloads, 1.87x (1.09x .. 3.05x) over vllm_flashinfer_prefill
-#   5. total_seq_len <= 10882 and mean_seq_len > 1448: cuda_prefill_cp.p8, 6 workloads, 1.17x (1.05x .. 1.39x) over vllm_flashinfer_prefill
-#   6. 21 < total_seq_len <= 181 and num_seqs <= 21 and mean_seq_len <= 161: triton_prefill_fused.c16v32, 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   7. total_seq_len > 181 and num_seqs <= 21 and mean_seq_len <= 84: flashinfer_direct, 19 workloads, 3.41x (1.53x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
-#   8. total_seq_len > 181 and num_seqs <= 21 and 84 < mean_seq_len <= 161: cuda_prefill_staged.r32s4, 13 workloads, 2.43x (1.17x .. 4.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
+#   1. total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 245: cuda_prefill_pool_rows.k16c8, 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   2. total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 245: flashinfer_direct, 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
+#   3. total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 245: cuda_prefill_staged.r32s4, 20 workloads, 1.19x (1.05x .. 1.32x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   4. total_seq_len <= 1874 and 245 < mean_seq_len <= 1254: cuda_prefill_staged.r32s4, 11 workloads, 1.75x (1.09x .. 2.74x) over vllm_flashinfer_prefill
+#   5. total_seq_len <= 10882 and mean_seq_len > 1254: cuda_prefill_cp.p8, 8 workloads, 1.23x (1.05x .. 1.41x) over vllm_flashinfer_prefill
+#   6. 21 < total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 245: triton_prefill_fused.c16v32, 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   7. total_seq_len > 158 and num_seqs <= 21 and mean_seq_len <= 84: flashinfer_direct, 19 workloads, 3.41x (1.53x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   8. total_seq_len > 158 and num_seqs <= 21 and 84 < mean_seq_len <= 245: cuda_prefill_staged.r32s4, 15 workloads, 2.47x (1.17x .. 4.33x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_chunked.v64
 #   9. total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 10 workloads, 1.15x (1.03x .. 1.37x) over vllm_flashinfer_prefill
-#   10. total_seq_len > 1448 and num_seqs > 21 and 45 < mean_seq_len <= 161: vllm_flashinfer_prefill (baseline), 8 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
-#   11. total_seq_len > 1874 and 161 < mean_seq_len <= 1448: vllm_flashinfer_prefill (baseline), 18 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   12. total_seq_len > 11585 and mean_seq_len > 1448: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
+#   10. total_seq_len > 1448 and num_seqs > 21 and 45 < mean_seq_len <= 245: vllm_flashinfer_prefill (baseline), 10 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
+#   11. total_seq_len > 1874 and 245 < mean_seq_len <= 1254: vllm_flashinfer_prefill (baseline), 16 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   12. total_seq_len > 11585 and mean_seq_len > 1254: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls (eager host + device times): `route_eager`
 #   1. total_seq_len <= 374 and num_seqs <= 4: cuda_prefill_pool_rows.k16c8, 22 workloads, 7.13x (3.62x .. 15.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 374 and num_seqs > 4: cuda_prefill_pool_rows.k8c8, 25 workloads, 5.13x (2.15x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   3. 374 < total_seq_len <= 2056 and mean_seq_len > 45: cuda_prefill_staged.r32s4, 35 workloads, 3.88x (1.52x .. 7.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64
+#   3. 374 < total_seq_len <= 2056 and mean_seq_len > 45: cuda_prefill_staged.r32s4, 37 workloads, 3.80x (1.52x .. 7.71x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_chunked.v64
 #   4. 374 < total_seq_len <= 3465 and num_seqs <= 51 and mean_seq_len <= 45: triton_prefill_fused.c16v32, 9 workloads, 2.97x (1.66x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct
 #   5. 374 < total_seq_len <= 3465 and num_seqs > 51 and mean_seq_len <= 45: cuda_prefill_staged.r64s4, 19 workloads, 1.99x (1.29x .. 2.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
 #   6. 2056 < total_seq_len <= 3465 and mean_seq_len > 45: flashinfer_direct, 2 workloads, 2.72x (2.04x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
@@ -82,24 +82,24 @@
 # measured    1 <= total_seq_len <= 32768, 1 <= num_seqs <= 256, 1 <= mean_seq_len <= 32768
 
 REGIONS = (
-    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (None, 21), 'total_seq_len': (None, 21)}, 'workloads': 4, 'speedup': (5.32, 7.53, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (21, 34), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (34, None), 'total_seq_len': (None, 1448)}, 'workloads': 20, 'speedup': (1.05, 1.19, 1.32), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (161, 1448), 'total_seq_len': (None, 1874)}, 'workloads': 13, 'speedup': (1.09, 1.87, 3.05), 'fallbacks': ()},
-    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (None, 10882)}, 'workloads': 6, 'speedup': (1.05, 1.17, 1.39), 'fallbacks': ()},
-    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 161), 'num_seqs': (None, 21), 'total_seq_len': (21, 181)}, 'workloads': 19, 'speedup': (1.87, 4.19, 7.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 84), 'num_seqs': (None, 21), 'total_seq_len': (181, None)}, 'workloads': 19, 'speedup': (1.53, 3.41, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (84, 161), 'num_seqs': (None, 21), 'total_seq_len': (181, None)}, 'workloads': 13, 'speedup': (1.17, 2.43, 4.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
+    {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (None, 21)}, 'workloads': 4, 'speedup': (5.32, 7.53, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 2, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (21, 34), 'total_seq_len': (None, 1448)}, 'workloads': 8, 'speedup': (1.04, 1.09, 1.14), 'fallbacks': ()},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (34, None), 'total_seq_len': (None, 1448)}, 'workloads': 20, 'speedup': (1.05, 1.19, 1.32), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (None, 1874)}, 'workloads': 11, 'speedup': (1.09, 1.75, 2.74), 'fallbacks': ()},
+    {'region': 5, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (None, 10882)}, 'workloads': 8, 'speedup': (1.05, 1.23, 1.41), 'fallbacks': ()},
+    {'region': 6, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 245), 'num_seqs': (None, 21), 'total_seq_len': (21, 158)}, 'workloads': 19, 'speedup': (1.87, 4.19, 7.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 7, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (None, 84), 'num_seqs': (None, 21), 'total_seq_len': (158, None)}, 'workloads': 19, 'speedup': (1.53, 3.41, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (84, 245), 'num_seqs': (None, 21), 'total_seq_len': (158, None)}, 'workloads': 15, 'speedup': (1.17, 2.47, 4.33), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64')},
     {'region': 9, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.03, 1.15, 1.37), 'fallbacks': ()},
-    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 161), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (161, 1448), 'total_seq_len': (1874, None)}, 'workloads': 18, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1448, None), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (45, 245), 'num_seqs': (21, None), 'total_seq_len': (1448, None)}, 'workloads': 10, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
+    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (245, 1254), 'total_seq_len': (1874, None)}, 'workloads': 16, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (1254, None), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 REGIONS_EAGER = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'num_seqs': (None, 4), 'total_seq_len': (None, 374)}, 'workloads': 22, 'speedup': (3.62, 7.13, 15.26), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'num_seqs': (4, None), 'total_seq_len': (None, 374)}, 'workloads': 25, 'speedup': (2.15, 5.13, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (374, 2056)}, 'workloads': 35, 'speedup': (1.52, 3.88, 7.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (374, 2056)}, 'workloads': 37, 'speedup': (1.52, 3.8, 7.71), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
     {'region': 4, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (None, 51), 'total_seq_len': (374, 3465)}, 'workloads': 9, 'speedup': (1.66, 2.97, 6.2), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (None, 45), 'num_seqs': (51, None), 'total_seq_len': (374, 3465)}, 'workloads': 19, 'speedup': (1.29, 1.99, 2.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
     {'region': 6, 'variant': 'flashinfer_direct', 'bounds': {'mean_seq_len': (45, None), 'total_seq_len': (2056, 3465)}, 'workloads': 2, 'speedup': (2.04, 2.72, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
@@ -119,40 +119,40 @@ def route(total_seq_len, num_seqs, len_cu_seqlens):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
     inside = 1 <= total_seq_len <= 32768 and 1 <= num_seqs <= 256 and 1 <= mean_seq_len <= 32768  # within the measured ranges: fallbacks apply
     # region 1: 4 workloads, 7.53x (5.32x .. 8.88x) over vllm_flashinfer_prefill
-    if total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 161:
+    if total_seq_len <= 21 and num_seqs <= 21 and mean_seq_len <= 245:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
     # region 2: 8 workloads, 1.09x (1.04x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 161:
+    if total_seq_len <= 1448 and 21 < num_seqs <= 34 and mean_seq_len <= 245:
         return 'flashinfer_direct'
     # region 3: 20 workloads, 1.19x (1.05x .. 1.32x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 161:
+    if total_seq_len <= 1448 and num_seqs > 34 and mean_seq_len <= 245:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 4: 13 workloads, 1.87x (1.09x .. 3.05x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1874 and 161 < mean_seq_len <= 1448:
+    # region 4: 11 workloads, 1.75x (1.09x .. 2.74x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1874 and 245 < mean_seq_len <= 1254:
         return 'cuda_prefill_staged.r32s4'
-    # region 5: 6 workloads, 1.17x (1.05x .. 1.39x) over vllm_flashinfer_prefill
-    if total_seq_len <= 10882 and mean_seq_len > 1448:
+    # region 5: 8 workloads, 1.23x (1.05x .. 1.41x) over vllm_flashinfer_prefill
+    if total_seq_len <= 10882 and mean_seq_len > 1254:
         return 'cuda_prefill_cp.p8'
     # region 6: 19 workloads, 4.19x (1.87x .. 7.31x) over vllm_flashinfer_prefill
-    if 21 < total_seq_len <= 181 and num_seqs <= 21 and mean_seq_len <= 161:
+    if 21 < total_seq_len <= 158 and num_seqs <= 21 and mean_seq_len <= 245:
         return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
     # region 7: 19 workloads, 3.41x (1.53x .. 5.82x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 21 and mean_seq_len <= 84:
+    if total_seq_len > 158 and num_seqs <= 21 and mean_seq_len <= 84:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'flashinfer_direct'
-    # region 8: 13 workloads, 2.43x (1.17x .. 4.33x) over vllm_flashinfer_prefill
-    if total_seq_len > 181 and num_seqs <= 21 and 84 < mean_seq_len <= 161:
+    # region 8: 15 workloads, 2.47x (1.17x .. 4.33x) over vllm_flashinfer_prefill
+    if total_seq_len > 158 and num_seqs <= 21 and 84 < mean_seq_len <= 245:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
     # region 9: 10 workloads, 1.15x (1.03x .. 1.37x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and num_seqs > 21 and mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 10: 8 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1448 and num_seqs > 21 and 45 < mean_seq_len <= 161:
+    # region 10: 10 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1448 and num_seqs > 21 and 45 < mean_seq_len <= 245:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 11: 18 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 1874 and 161 < mean_seq_len <= 1448:
+    # region 11: 16 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 1874 and 245 < mean_seq_len <= 1254:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 12: 3 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 11585 and mean_seq_len > 1448:
+    if total_seq_len > 11585 and mean_seq_len > 1254:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
@@ -166,7 +166,7 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
     # region 2: 25 workloads, 5.13x (2.15x .. 15.34x) over vllm_flashinfer_prefill
     if total_seq_len <= 374 and num_seqs > 4:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 3: 35 workloads, 3.88x (1.52x .. 7.71x) over vllm_flashinfer_prefill
+    # region 3: 37 workloads, 3.80x (1.52x .. 7.71x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 2056 and mean_seq_len > 45:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_staged.r32s4'
     # region 4: 9 workloads, 2.97x (1.66x .. 6.20x) over vllm_flashinfer_prefill
@@ -203,14 +203,14 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 
 
 # Calls that pass max_seq_len (tokens of the longest sequence), fitted with it as one more feature:
-# estimates   the regions are also fitted on 2678 grid shapes (powers of two in the measured
+# estimates   the regions are also fitted on 2708 grid shapes (powers of two in the measured
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 6.47% mean, 72.40% max;
-#             1.392x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 10.41% mean, 212.24% max;
-#             2.887x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.58% mean, 72.40% max;
+#             1.414x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.28% mean, 130.06% max;
+#             3.116x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 72 and num_seqs <= 11 and mean_seq_len <= 6 and max_seq_len <= 9: cuda_prefill_pool_rows.k16c8, 3 workloads, 8.46x (7.72x .. 8.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
 #   2. total_seq_len <= 72 and num_seqs <= 11 and 9 < max_seq_len <= 45: triton_prefill_fused.c16v32, 5 workloads, 4.93x (3.84x .. 7.01x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
@@ -230,57 +230,50 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   16. total_seq_len <= 1448 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 140: cuda_prefill_staged.r64s4, 4 workloads, 1.15x (1.14x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   17. total_seq_len <= 1448 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 140: cuda_prefill_staged.r32s4, 2 workloads, 1.07x (1.05x .. 1.09x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   18. total_seq_len <= 1448 and num_seqs > 79 and mean_seq_len > 5 and max_seq_len > 107: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4
-#   19. total_seq_len <= 2450 and num_seqs <= 11 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
-#   20. total_seq_len <= 2450 and 11 < num_seqs <= 22 and max_seq_len > 1444: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   21. total_seq_len <= 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955: cuda_prefill_staged.r32s4, 5 workloads, 1.44x (1.20x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. total_seq_len <= 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 1444: cuda_prefill_staged.r32s4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   23. total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
-#   24. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   25. total_seq_len <= 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444: cuda_prefill_staged.r32s4, 2 workloads, 1.17x (1.09x .. 1.26x) over vllm_flashinfer_prefill
-#   26. total_seq_len <= 5792 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 1797: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
-#   27. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
-#   28. num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 35: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
-#   29. 72 < total_seq_len <= 724 and num_seqs <= 51 and 140 < max_seq_len <= 251: cuda_prefill_staged.r32s4, 8 workloads, 2.77x (2.12x .. 4.10x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   30. 72 < total_seq_len <= 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 14 workloads, 2.00x (1.14x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 72 and num_seqs <= 11 and max_seq_len <= 45: triton_prefill_fused.c16v32, 4 workloads, 5.61x (4.80x .. 7.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
-#   32. total_seq_len > 72 and num_seqs <= 11 and 45 < max_seq_len <= 140: cuda_prefill_staged.r32s4, 12 workloads, 3.19x (2.71x .. 3.71x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
-#   33. total_seq_len > 72 and 11 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.41x (1.28x .. 7.18x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   34. total_seq_len > 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 140: flashinfer_direct, 11 workloads, 2.25x (1.09x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 724 and num_seqs <= 51 and 140 < max_seq_len <= 251: flashinfer_direct, 3 workloads, 3.70x (2.94x .. 4.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   36. total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 191: cuda_prefill_staged.r64s4, 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
-#   37. total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 191: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   38. 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   39. 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   40. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   41. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292: cuda_prefill_staged.r64s4, 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   43. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 828: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   44. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 25 and 292 < max_seq_len <= 828: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   45. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 51 and 107 < max_seq_len <= 292: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
-#   46. total_seq_len > 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: flashinfer_direct, 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
-#   47. 2450 < total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, triton_prefill_chunked.v64, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   48. 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1444 < max_seq_len <= 2142: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   49. 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and max_seq_len > 2142: vllm_flashinfer_prefill (baseline), 0 workloads
-#   50. total_seq_len > 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   51. total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
-#   52. total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   53. total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
-#   54. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   55. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   56. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
-#   57. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   58. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: vllm_flashinfer_prefill (baseline), 0 workloads
-#   59. 5792 < total_seq_len <= 9553 and num_seqs <= 22 and 1444 < max_seq_len <= 2563: cuda_prefill_staged.r32s4, 3 workloads, 1.26x (1.12x .. 1.56x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   60. 5792 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   61. total_seq_len > 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4
-#   62. total_seq_len > 5792 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 1797: vllm_flashinfer_prefill (baseline), 0 workloads
-#   63. total_seq_len > 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 0 workloads
-#   64. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1444 < max_seq_len <= 2142: cuda_prefill_staged.r64s4, 1 workloads, 1.71x (1.71x .. 1.71x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   65. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   66. 9553 < total_seq_len <= 20107 and num_seqs <= 22 and max_seq_len > 3465: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
-#   67. total_seq_len > 20107 and num_seqs <= 11 and max_seq_len > 1444: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
-#   68. total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
-#   69. total_seq_len > 20107 and 11 < num_seqs <= 22 and max_seq_len > 5267: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. total_seq_len <= 2896 and 5 < num_seqs <= 11 and max_seq_len > 1659: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32
+#   20. total_seq_len <= 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659: cuda_prefill_staged.r32s4, 3 workloads, 1.62x (1.45x .. 1.73x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   21. total_seq_len <= 2896 and 11 < num_seqs <= 22 and max_seq_len > 1659: triton_prefill_chunked.v64, 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 711: cuda_prefill_staged.r32s4, 2 workloads, 1.14x (1.14x .. 1.15x) over vllm_flashinfer_prefill
+#   23. total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   24. total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 2563: cuda_prefill_cp.p8, 2 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
+#   25. total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: cuda_prefill_staged.r64s4, 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+#   26. num_seqs <= 5 and 711 < max_seq_len <= 2563: cuda_prefill_cp.p4, 8 workloads, 1.34x (1.22x .. 1.42x) over vllm_flashinfer_prefill
+#   27. num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 35: cuda_prefill_staged.r64s4, 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
+#   28. 72 < total_seq_len <= 724 and num_seqs <= 51 and 140 < max_seq_len <= 251: cuda_prefill_staged.r32s4, 8 workloads, 2.77x (2.12x .. 4.10x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   29. 72 < total_seq_len <= 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: cuda_prefill_staged.r32s4, 14 workloads, 2.00x (1.14x .. 2.74x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   30. total_seq_len > 72 and num_seqs <= 11 and max_seq_len <= 45: triton_prefill_fused.c16v32, 4 workloads, 5.61x (4.80x .. 7.06x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8
+#   31. total_seq_len > 72 and num_seqs <= 11 and 45 < max_seq_len <= 140: cuda_prefill_staged.r32s4, 12 workloads, 3.19x (2.71x .. 3.71x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64
+#   32. total_seq_len > 72 and 11 < num_seqs <= 51 and max_seq_len <= 22: triton_prefill_fused.c16v64, 4 workloads, 4.41x (1.28x .. 7.18x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 140: flashinfer_direct, 11 workloads, 2.25x (1.09x .. 5.82x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 724 and num_seqs <= 51 and 140 < max_seq_len <= 251: flashinfer_direct, 3 workloads, 3.70x (2.94x .. 4.32x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   35. total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 194: cuda_prefill_staged.r64s4, 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
+#   36. total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 194: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   37. 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564: flashinfer_direct, 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   38. 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564: cuda_prefill_staged.r32s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828: cuda_prefill_staged.r64s4, 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   40. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   41. total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292: cuda_prefill_staged.r64s4, 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   42. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 828: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   43. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 25 and 292 < max_seq_len <= 828: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   44. total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 51 and 107 < max_seq_len <= 292: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, triton_prefill_fused.c16v32
+#   45. total_seq_len > 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711: flashinfer_direct, 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
+#   46. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 2000: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   47. 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and max_seq_len > 2000: vllm_flashinfer_prefill (baseline), 0 workloads
+#   48. total_seq_len > 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659: flashinfer_direct, 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   49. total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64
+#   50. total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1336: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   51. total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1336: cuda_prefill_staged.r32s4, 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   52. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636: flashinfer_direct, 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   53. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   54. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
+#   55. total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962: cuda_prefill_staged.r64s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   56. total_seq_len > 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107: vllm_flashinfer_prefill (baseline), 0 workloads
+#   57. 5792 < total_seq_len <= 11585 and num_seqs <= 5 and max_seq_len > 2563: cuda_prefill_cp.p8, 3 workloads, 1.10x (1.10x .. 1.12x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   58. total_seq_len > 5792 and 5 < num_seqs <= 11 and 1659 < max_seq_len <= 3029: cuda_prefill_staged.r32s4, 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_staged.r64s4; engine plugins keep the engine's kernel (`hand_back`)
+#   59. total_seq_len > 5792 and 5 < num_seqs <= 22 and max_seq_len > 3029: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   60. total_seq_len > 5792 and 11 < num_seqs <= 22 and 1659 < max_seq_len <= 3029: cuda_prefill_staged.r64s4, 2 workloads, 1.64x (1.56x .. 1.71x) over vllm_flashinfer_prefill's guarded call; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4; engine plugins keep the engine's kernel (`hand_back`)
+#   61. total_seq_len > 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70: vllm_flashinfer_prefill (baseline), 0 workloads
+#   62. total_seq_len > 11585 and num_seqs <= 5 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4
 # regions     eager calls: `route_hinted_eager`
 #   1. total_seq_len <= 16 and max_seq_len <= 2: cuda_prefill_pool_rows.k4c8, 2 workloads, 13.22x (11.05x .. 15.83x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   2. total_seq_len <= 16 and 2 < max_seq_len <= 27: cuda_prefill_pool_rows.k16c8, 1 workloads, 13.30x (13.30x .. 13.30x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
@@ -288,34 +281,37 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   4. total_seq_len <= 362 and mean_seq_len > 22 and 125 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 5.30x (4.08x .. 7.25x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 533 and num_seqs <= 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 1 workloads, 2.10x (2.10x .. 2.10x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   6. total_seq_len <= 533 and num_seqs > 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   7. total_seq_len <= 2896 and num_seqs > 35 and 209 < max_seq_len <= 256: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32
-#   9. total_seq_len <= 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420: cuda_prefill_staged.r32s4, 6 workloads, 3.69x (2.00x .. 6.68x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   10. total_seq_len <= 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   11. total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209: cuda_prefill_cp.p16, 2 workloads, 1.64x (1.30x .. 2.07x) over vllm_flashinfer_prefill
-#   12. num_seqs <= 11 and mean_seq_len <= 8208 and 209 < max_seq_len <= 379: triton_prefill_fused.c16v32, 11 workloads, 4.54x (2.87x .. 7.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   13. num_seqs <= 11 and mean_seq_len <= 8208 and 379 < max_seq_len <= 4093: cuda_prefill_staged.r32s4, 20 workloads, 3.77x (2.25x .. 6.60x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   14. num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   15. 11 < num_seqs <= 22 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64
-#   16. num_seqs > 22 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
-#   17. 16 < total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 11 workloads, 8.15x (3.63x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 16 < total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.28x (2.27x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
-#   19. 101 < total_seq_len <= 533 and 27 < max_seq_len <= 84: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.57x (2.64x .. 12.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   20. 101 < total_seq_len <= 533 and 84 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.60x (2.91x .. 7.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 362 < total_seq_len <= 533 and mean_seq_len > 22 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 3 workloads, 5.34x (4.97x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 533 < total_seq_len <= 1448 and 28 < max_seq_len <= 35: cuda_prefill_pool_rows.k2c8, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
-#   23. total_seq_len > 533 and num_seqs <= 45 and 126 < max_seq_len <= 209: triton_prefill_fused.c16v64, 3 workloads, 4.76x (2.94x .. 7.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. total_seq_len > 533 and num_seqs <= 90 and 35 < max_seq_len <= 126: triton_prefill_fused.c16v64, 5 workloads, 2.50x (1.61x .. 4.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. total_seq_len > 533 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.20x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   26. total_seq_len > 533 and num_seqs > 45 and 126 < max_seq_len <= 209: cuda_prefill_staged.r64s4, 4 workloads, 1.77x (1.22x .. 2.48x) over vllm_flashinfer_prefill; then flashinfer_direct
-#   27. total_seq_len > 533 and num_seqs > 90 and 35 < max_seq_len <= 126: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   28. total_seq_len > 1448 and num_seqs <= 181 and 28 < max_seq_len <= 35: triton_prefill_fused.c16v64, 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   29. total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 2896 and num_seqs > 35 and 209 < max_seq_len <= 256: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   32. total_seq_len > 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420: cuda_prefill_staged.r64s4, 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
-#   33. total_seq_len > 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
-#   34. total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465: cuda_prefill_cp.p8, 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4, cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32
+#   9. total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 1773 and 209 < max_seq_len <= 249: triton_prefill_fused.c16v32, 6 workloads, 4.26x (2.87x .. 6.75x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   10. total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 1773 and 249 < max_seq_len <= 4090: cuda_prefill_staged.r32s4, 28 workloads, 3.98x (2.00x .. 7.54x) over vllm_flashinfer_prefill; then triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   11. total_seq_len <= 11585 and 22 < num_seqs <= 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r32s4, 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   12. num_seqs <= 5 and 1773 < mean_seq_len <= 23170 and max_seq_len > 8189: cuda_prefill_cp.p16, 3 workloads, 1.77x (1.30x .. 2.07x) over vllm_flashinfer_prefill
+#   13. num_seqs <= 5 and mean_seq_len > 1773 and 3465 < max_seq_len <= 8189: cuda_prefill_cp.p8, 3 workloads, 2.44x (1.48x .. 3.12x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p16, cuda_prefill_cp.p4
+#   14. num_seqs <= 5 and mean_seq_len > 23170 and max_seq_len > 8189: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_cp.p16, cuda_prefill_cp.p8, cuda_prefill_cp.p4, vllm_flashinfer_prefill.cp_off
+#   15. num_seqs <= 22 and mean_seq_len <= 1773 and 4090 < max_seq_len <= 5419: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   16. num_seqs <= 22 and mean_seq_len <= 1773 and max_seq_len > 5419: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_chunked.v64, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   17. num_seqs > 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   18. num_seqs > 5 and mean_seq_len > 1773 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 0 workloads
+#   19. num_seqs > 22 and mean_seq_len <= 1773 and max_seq_len > 16368: vllm_flashinfer_prefill (baseline), 0 workloads
+#   20. 16 < total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 27: cuda_prefill_pool_rows.k8c8, 11 workloads, 8.15x (3.63x .. 15.34x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 16 < total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 27: cuda_prefill_pool_rows.k2c8, 7 workloads, 3.28x (2.27x .. 6.36x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
+#   22. 101 < total_seq_len <= 533 and 27 < max_seq_len <= 84: cuda_prefill_pool_rows.k8c8, 11 workloads, 5.57x (2.64x .. 12.82x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 101 < total_seq_len <= 533 and 84 < max_seq_len <= 125: cuda_prefill_pool_rows.k16c8, 6 workloads, 4.60x (2.91x .. 7.50x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, flashinfer_direct, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   24. 362 < total_seq_len <= 533 and mean_seq_len > 22 and 125 < max_seq_len <= 209: triton_prefill_fused.c16v32, 3 workloads, 5.34x (4.97x .. 6.02x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   25. 533 < total_seq_len <= 1448 and 28 < max_seq_len <= 35: cuda_prefill_pool_rows.k2c8, 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct
+#   26. total_seq_len > 533 and num_seqs <= 45 and 126 < max_seq_len <= 209: triton_prefill_fused.c16v64, 3 workloads, 4.76x (2.94x .. 7.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   27. total_seq_len > 533 and num_seqs <= 90 and 35 < max_seq_len <= 126: triton_prefill_fused.c16v64, 5 workloads, 2.50x (1.61x .. 4.16x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   28. total_seq_len > 533 and max_seq_len <= 28: cuda_prefill_pool_rows.k2c8, 5 workloads, 2.74x (2.20x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
+#   29. total_seq_len > 533 and num_seqs > 45 and 126 < max_seq_len <= 209: cuda_prefill_staged.r64s4, 4 workloads, 1.77x (1.22x .. 2.48x) over vllm_flashinfer_prefill; then flashinfer_direct
+#   30. total_seq_len > 533 and num_seqs > 90 and 35 < max_seq_len <= 126: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 1448 and num_seqs <= 181 and 28 < max_seq_len <= 35: triton_prefill_fused.c16v64, 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35: cuda_prefill_staged.r64s4, 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   33. total_seq_len > 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465: cuda_prefill_cp.p4, 2 workloads, 2.89x (2.67x .. 3.14x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   35. total_seq_len > 5792 and num_seqs <= 11 and mean_seq_len <= 1773 and 209 < max_seq_len <= 4090: cuda_prefill_staged.r32s4, 2 workloads, 3.74x (3.46x .. 4.05x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 5792 and 11 < num_seqs <= 22 and mean_seq_len <= 1773 and 209 < max_seq_len <= 4090: cuda_prefill_staged.r64s4, 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, vllm_flashinfer_prefill.cp_off
+#   37. total_seq_len > 11585 and 22 < num_seqs <= 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 6), 'num_seqs': (None, 11), 'total_seq_len': (None, 72)}, 'workloads': 3, 'speedup': (7.72, 8.46, 8.88), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -336,57 +332,50 @@ REGIONS_HINTED = (
     {'region': 16, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 140), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.14, 1.15, 1.18), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 17, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.05, 1.07, 1.09), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 18, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (107, None), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 2450)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 20, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, 955), 'num_seqs': (None, 22), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (1.2, 1.44, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, 1444), 'num_seqs': (22, 51), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (22, 51), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ()},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (955, 1444), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.09, 1.17, 1.26), 'fallbacks': ()},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1444, 1797), 'num_seqs': (22, 51), 'total_seq_len': (None, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 35), 'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.37), 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, 251), 'num_seqs': (None, 51), 'total_seq_len': (72, 724)}, 'workloads': 8, 'speedup': (2.12, 2.77, 4.1), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (72, 1874)}, 'workloads': 14, 'speedup': (1.14, 2.0, 2.74), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (None, 11), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (4.8, 5.61, 7.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, 140), 'num_seqs': (None, 11), 'total_seq_len': (72, None)}, 'workloads': 12, 'speedup': (2.71, 3.19, 3.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
-    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (11, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.41, 7.18), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 140), 'num_seqs': (11, 51), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.09, 2.25, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (140, 251), 'num_seqs': (None, 51), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.94, 3.7, 4.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 191), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (754, None)}, 'workloads': 2, 'speedup': (1.39, 1.39, 1.4), 'fallbacks': ()},
-    {'region': 37, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (191, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (754, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
-    {'region': 38, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 39, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (5, 17), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
-    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (292, 828), 'mean_seq_len': (5, 25), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (107, 292), 'mean_seq_len': (5, 51), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (17, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (292, 828), 'mean_seq_len': (25, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 45, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (107, 292), 'mean_seq_len': (51, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
-    {'region': 46, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (1874, None)}, 'workloads': 7, 'speedup': (1.03, 1.86, 3.61), 'fallbacks': ()},
-    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 5), 'total_seq_len': (2450, 5792)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 48, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (5, 22), 'total_seq_len': (2450, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2142, None), 'num_seqs': (5, 22), 'total_seq_len': (2450, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 955), 'num_seqs': (None, 22), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 51, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
-    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1444), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 53, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1797, None), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
-    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 55, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 56, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 57, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
-    {'region': 58, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 59, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1444, 2563), 'num_seqs': (None, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 3, 'speedup': (1.12, 1.26, 1.56), 'fallbacks': (), 'hand_back': True},
-    {'region': 60, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 22), 'total_seq_len': (5792, 9553)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 61, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (955, 1444), 'num_seqs': (None, 22), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4')},
-    {'region': 62, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, 1797), 'num_seqs': (22, 51), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 63, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 64, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1444, 2142), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.71, 1.71, 1.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 65, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2142, 3465), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 66, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3465, None), 'num_seqs': (None, 22), 'total_seq_len': (9553, 20107)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
-    {'region': 67, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1444, None), 'num_seqs': (None, 11), 'total_seq_len': (20107, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 68, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (1444, 5267), 'num_seqs': (11, 22), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
-    {'region': 69, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5267, None), 'num_seqs': (11, 22), 'total_seq_len': (20107, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (5, 11), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, 1659), 'num_seqs': (5, 22), 'total_seq_len': (None, 2896)}, 'workloads': 3, 'speedup': (1.45, 1.62, 1.73), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 21, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1659, None), 'num_seqs': (11, 22), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.21, 1.21, 1.21), 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (711, None), 'num_seqs': (22, 51), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.14, 1.14, 1.15), 'fallbacks': ()},
+    {'region': 23, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 24, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 5792)}, 'workloads': 2, 'speedup': (1.29, 1.34, 1.39), 'fallbacks': ()},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (1.35, 1.35, 1.35), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (711, 2563), 'num_seqs': (None, 5)}, 'workloads': 8, 'speedup': (1.22, 1.34, 1.42), 'fallbacks': ()},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 35), 'mean_seq_len': (5, None), 'num_seqs': (79, None)}, 'workloads': 2, 'speedup': (1.17, 1.26, 1.37), 'fallbacks': ()},
+    {'region': 28, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (140, 251), 'num_seqs': (None, 51), 'total_seq_len': (72, 724)}, 'workloads': 8, 'speedup': (2.12, 2.77, 4.1), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (72, 1874)}, 'workloads': 14, 'speedup': (1.14, 2.0, 2.74), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (None, 11), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (4.8, 5.61, 7.06), 'fallbacks': ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (45, 140), 'num_seqs': (None, 11), 'total_seq_len': (72, None)}, 'workloads': 12, 'speedup': (2.71, 3.19, 3.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64')},
+    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 22), 'num_seqs': (11, 51), 'total_seq_len': (72, None)}, 'workloads': 4, 'speedup': (1.28, 4.41, 7.18), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (22, 140), 'num_seqs': (11, 51), 'total_seq_len': (72, None)}, 'workloads': 11, 'speedup': (1.09, 2.25, 5.82), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (140, 251), 'num_seqs': (None, 51), 'total_seq_len': (724, None)}, 'workloads': 3, 'speedup': (2.94, 3.7, 4.32), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 194), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (754, None)}, 'workloads': 2, 'speedup': (1.39, 1.39, 1.4), 'fallbacks': ()},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (194, None), 'mean_seq_len': (None, 5), 'num_seqs': (51, None), 'total_seq_len': (754, None)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 564), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 38, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (564, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (1448, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 39, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (5, 17), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.09, 1.09, 1.09), 'fallbacks': (), 'hand_back': True},
+    {'region': 40, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (292, 828), 'mean_seq_len': (5, 25), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 41, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (107, 292), 'mean_seq_len': (5, 51), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.12, 1.13, 1.14), 'fallbacks': (), 'hand_back': True},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (828, None), 'mean_seq_len': (17, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (292, 828), 'mean_seq_len': (25, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (107, 292), 'mean_seq_len': (51, None), 'num_seqs': (79, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32')},
+    {'region': 45, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (251, 711), 'num_seqs': (None, 51), 'total_seq_len': (1874, None)}, 'workloads': 7, 'speedup': (1.03, 1.86, 3.61), 'fallbacks': ()},
+    {'region': 46, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1659, 2000), 'num_seqs': (5, 22), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2000, None), 'num_seqs': (5, 22), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 48, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (711, 1659), 'num_seqs': (5, 22), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.05, 2.05, 2.05), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 49, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (711, 762), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64')},
+    {'region': 50, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (762, 1336), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 51, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1336, None), 'num_seqs': (22, 51), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.15, 1.15, 1.15), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 52, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 636), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.03, 1.03, 1.03), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 53, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (636, 653), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 54, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (653, 962), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 55, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (962, None), 'mean_seq_len': (5, None), 'num_seqs': (51, 79), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': (), 'hand_back': True},
+    {'region': 56, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (70, 107), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 57, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 5), 'total_seq_len': (5792, 11585)}, 'workloads': 3, 'speedup': (1.1, 1.1, 1.12), 'fallbacks': (), 'hand_back': True},
+    {'region': 58, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1659, 3029), 'num_seqs': (5, 11), 'total_seq_len': (5792, None)}, 'workloads': 1, 'speedup': (1.14, 1.14, 1.14), 'fallbacks': ('cuda_prefill_staged.r64s4',), 'hand_back': True},
+    {'region': 59, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (3029, None), 'num_seqs': (5, 22), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 60, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (1659, 3029), 'num_seqs': (11, 22), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (1.56, 1.64, 1.71), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4'), 'hand_back': True},
+    {'region': 61, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (35, 70), 'mean_seq_len': (5, None), 'num_seqs': (79, None), 'total_seq_len': (5792, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 62, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'num_seqs': (None, 5), 'total_seq_len': (11585, None)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4')},
 )
 
 REGIONS_HINTED_EAGER = (
@@ -396,34 +385,37 @@ REGIONS_HINTED_EAGER = (
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (22, None), 'total_seq_len': (None, 362)}, 'workloads': 3, 'speedup': (4.08, 5.3, 7.25), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (None, 22), 'num_seqs': (None, 90), 'total_seq_len': (None, 533)}, 'workloads': 1, 'speedup': (2.1, 2.1, 2.1), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (None, 22), 'num_seqs': (90, None), 'total_seq_len': (None, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 256), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (256, 16368), 'num_seqs': (35, None), 'total_seq_len': (None, 4833)}, 'workloads': 6, 'speedup': (1.7, 1.96, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 5420), 'num_seqs': (11, 22), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (2.0, 3.69, 6.68), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 16368), 'num_seqs': (22, 35), 'total_seq_len': (None, 11585)}, 'workloads': 7, 'speedup': (1.47, 1.93, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 11, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (None, 28435)}, 'workloads': 2, 'speedup': (1.3, 1.64, 2.07), 'fallbacks': ()},
-    {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, 379), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 11, 'speedup': (2.87, 4.54, 7.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 13, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (379, 4093), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 20, 'speedup': (2.25, 3.77, 6.6), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 8208), 'num_seqs': (None, 11)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'num_seqs': (11, 22)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64')},
-    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 27), 'num_seqs': (None, 45), 'total_seq_len': (16, 533)}, 'workloads': 11, 'speedup': (3.63, 8.15, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'num_seqs': (45, None), 'total_seq_len': (16, 533)}, 'workloads': 7, 'speedup': (2.27, 3.28, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 84), 'total_seq_len': (101, 533)}, 'workloads': 11, 'speedup': (2.64, 5.57, 12.82), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (84, 125), 'total_seq_len': (101, 533)}, 'workloads': 6, 'speedup': (2.91, 4.6, 7.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (22, None), 'total_seq_len': (362, 533)}, 'workloads': 3, 'speedup': (4.97, 5.34, 6.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (28, 35), 'total_seq_len': (533, 1448)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 209), 'num_seqs': (None, 45), 'total_seq_len': (533, None)}, 'workloads': 3, 'speedup': (2.94, 4.76, 7.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (None, 90), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (1.61, 2.5, 4.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (2.2, 2.74, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (126, 209), 'num_seqs': (45, None), 'total_seq_len': (533, None)}, 'workloads': 4, 'speedup': (1.22, 1.77, 2.48), 'fallbacks': ('flashinfer_direct',)},
-    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (90, None), 'total_seq_len': (533, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (None, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (3.34, 3.34, 3.34), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 256), 'num_seqs': (35, None), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (256, 16368), 'num_seqs': (35, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.14, 1.6, 1.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 5420), 'num_seqs': (11, 22), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (2.27, 3.21, 6.4), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 16368), 'num_seqs': (22, 35), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (209, None), 'mean_seq_len': (8208, None), 'num_seqs': (None, 11), 'total_seq_len': (28435, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (209, 3465), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5), 'total_seq_len': (None, 2450)}, 'workloads': 1, 'speedup': (2.55, 2.55, 2.55), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (35, None), 'total_seq_len': (None, 4833)}, 'workloads': 6, 'speedup': (1.7, 1.96, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32')},
+    {'region': 9, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (209, 249), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 6, 'speedup': (2.87, 4.26, 6.75), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (249, 4090), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22), 'total_seq_len': (None, 5792)}, 'workloads': 28, 'speedup': (2.0, 3.98, 7.54), 'fallbacks': ('triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (22, 35), 'total_seq_len': (None, 11585)}, 'workloads': 7, 'speedup': (1.47, 1.93, 2.47), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 12, 'variant': 'cuda_prefill_cp.p16', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (1773, 23170), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (1.3, 1.77, 2.07), 'fallbacks': ()},
+    {'region': 13, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (3465, 8189), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5)}, 'workloads': 3, 'speedup': (1.48, 2.44, 3.12), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p4')},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (8189, None), 'mean_seq_len': (23170, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (4090, 5419), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5419, None), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 22)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (209, 5792), 'mean_seq_len': (1773, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (1773, None), 'num_seqs': (5, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16368, None), 'mean_seq_len': (None, 1773), 'num_seqs': (22, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (None, 27), 'num_seqs': (None, 45), 'total_seq_len': (16, 533)}, 'workloads': 11, 'speedup': (3.63, 8.15, 15.34), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 27), 'num_seqs': (45, None), 'total_seq_len': (16, 533)}, 'workloads': 7, 'speedup': (2.27, 3.28, 6.36), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (27, 84), 'total_seq_len': (101, 533)}, 'workloads': 11, 'speedup': (2.64, 5.57, 12.82), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (84, 125), 'total_seq_len': (101, 533)}, 'workloads': 6, 'speedup': (2.91, 4.6, 7.5), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (125, 209), 'mean_seq_len': (22, None), 'total_seq_len': (362, 533)}, 'workloads': 3, 'speedup': (4.97, 5.34, 6.02), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (28, 35), 'total_seq_len': (533, 1448)}, 'workloads': 1, 'speedup': (4.88, 4.88, 4.88), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (126, 209), 'num_seqs': (None, 45), 'total_seq_len': (533, None)}, 'workloads': 3, 'speedup': (2.94, 4.76, 7.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (None, 90), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (1.61, 2.5, 4.16), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 28), 'total_seq_len': (533, None)}, 'workloads': 5, 'speedup': (2.2, 2.74, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
+    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (126, 209), 'num_seqs': (45, None), 'total_seq_len': (533, None)}, 'workloads': 4, 'speedup': (1.22, 1.77, 2.48), 'fallbacks': ('flashinfer_direct',)},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (35, 126), 'num_seqs': (90, None), 'total_seq_len': (533, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (None, 181), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (3.34, 3.34, 3.34), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (28, 35), 'num_seqs': (181, None), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (1.6, 1.6, 1.6), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 33, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (209, 3465), 'mean_seq_len': (1773, None), 'num_seqs': (None, 5), 'total_seq_len': (2450, None)}, 'workloads': 2, 'speedup': (2.67, 2.89, 3.14), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (35, None), 'total_seq_len': (4833, None)}, 'workloads': 6, 'speedup': (1.14, 1.6, 1.99), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (209, 4090), 'mean_seq_len': (None, 1773), 'num_seqs': (None, 11), 'total_seq_len': (5792, None)}, 'workloads': 2, 'speedup': (3.46, 3.74, 4.05), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 4090), 'mean_seq_len': (None, 1773), 'num_seqs': (11, 22), 'total_seq_len': (5792, None)}, 'workloads': 3, 'speedup': (2.27, 3.21, 6.4), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 37, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (209, 16368), 'mean_seq_len': (None, 1773), 'num_seqs': (22, 35), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -486,144 +478,129 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 18: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1448 and num_seqs > 79 and mean_seq_len > 5 and max_seq_len > 107:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 19: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 2450 and num_seqs <= 11 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 20: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len <= 2450 and 11 < num_seqs <= 22 and max_seq_len > 1444:
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 2896 and 5 < num_seqs <= 11 and max_seq_len > 1659:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 20: 3 workloads, 1.62x (1.45x .. 1.73x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 21: 1 workloads, 1.21x (1.21x .. 1.21x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len <= 2896 and 11 < num_seqs <= 22 and max_seq_len > 1659:
         return 'triton_prefill_chunked.v64'
-    # region 21: 5 workloads, 1.44x (1.20x .. 1.73x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 22: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 1444:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 23: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797:
+    # region 22: 2 workloads, 1.14x (1.14x .. 1.15x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and 22 < num_seqs <= 51 and max_seq_len > 711:
         return 'cuda_prefill_staged.r32s4'
-    # region 24: 0 workloads, by estimated times (no measured workload in it)
+    # region 23: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 2896 and num_seqs > 79 and mean_seq_len > 5 and 70 < max_seq_len <= 107:
         return 'cuda_prefill_staged.r64s4'
-    # region 25: 2 workloads, 1.17x (1.09x .. 1.26x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444:
-        return 'cuda_prefill_staged.r32s4'
-    # region 26: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 5792 and 22 < num_seqs <= 51 and 1444 < max_seq_len <= 1797:
-        return 'cuda_prefill_staged.r32s4'
-    # region 27: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
+    # region 24: 2 workloads, 1.34x (1.29x .. 1.39x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 2563:
+        return 'cuda_prefill_cp.p8'
+    # region 25: 1 workloads, 1.35x (1.35x .. 1.35x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and num_seqs > 79 and mean_seq_len > 5 and 35 < max_seq_len <= 70:
         return 'cuda_prefill_staged.r64s4'
-    # region 28: 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
+    # region 26: 8 workloads, 1.34x (1.22x .. 1.42x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 711 < max_seq_len <= 2563:
+        return 'cuda_prefill_cp.p4'
+    # region 27: 2 workloads, 1.26x (1.17x .. 1.37x) over vllm_flashinfer_prefill
     if num_seqs > 79 and mean_seq_len > 5 and max_seq_len <= 35:
         return 'cuda_prefill_staged.r64s4'
-    # region 29: 8 workloads, 2.77x (2.12x .. 4.10x) over vllm_flashinfer_prefill
+    # region 28: 8 workloads, 2.77x (2.12x .. 4.10x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 724 and num_seqs <= 51 and 140 < max_seq_len <= 251:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 30: 14 workloads, 2.00x (1.14x .. 2.74x) over vllm_flashinfer_prefill
+    # region 29: 14 workloads, 2.00x (1.14x .. 2.74x) over vllm_flashinfer_prefill
     if 72 < total_seq_len <= 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 31: 4 workloads, 5.61x (4.80x .. 7.06x) over vllm_flashinfer_prefill
+    # region 30: 4 workloads, 5.61x (4.80x .. 7.06x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs <= 11 and max_seq_len <= 45:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8') if inside else 'triton_prefill_fused.c16v32'
-    # region 32: 12 workloads, 3.19x (2.71x .. 3.71x) over vllm_flashinfer_prefill
+    # region 31: 12 workloads, 3.19x (2.71x .. 3.71x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and num_seqs <= 11 and 45 < max_seq_len <= 140:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 33: 4 workloads, 4.41x (1.28x .. 7.18x) over vllm_flashinfer_prefill
+    # region 32: 4 workloads, 4.41x (1.28x .. 7.18x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 11 < num_seqs <= 51 and max_seq_len <= 22:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 34: 11 workloads, 2.25x (1.09x .. 5.82x) over vllm_flashinfer_prefill
+    # region 33: 11 workloads, 2.25x (1.09x .. 5.82x) over vllm_flashinfer_prefill
     if total_seq_len > 72 and 11 < num_seqs <= 51 and 22 < max_seq_len <= 140:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 3 workloads, 3.70x (2.94x .. 4.32x) over vllm_flashinfer_prefill
+    # region 34: 3 workloads, 3.70x (2.94x .. 4.32x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and num_seqs <= 51 and 140 < max_seq_len <= 251:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 36: 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 191:
+    # region 35: 2 workloads, 1.39x (1.39x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len <= 194:
         return 'cuda_prefill_staged.r64s4'
-    # region 37: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 191:
+    # region 36: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 194:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 38: 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
+    # region 37: 2 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 564:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 39: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    # region 38: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 564:
         return 'cuda_prefill_staged.r32s4'
-    # region 40: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
+    # region 39: 1 workloads, 1.09x (1.09x .. 1.09x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828:
         return 'cuda_prefill_staged.r64s4'
-    # region 41: 0 workloads, by estimated times (no measured workload in it)
+    # region 40: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828:
         return 'cuda_prefill_staged.r64s4'
-    # region 42: 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    # region 41: 2 workloads, 1.13x (1.12x .. 1.14x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292:
         return 'cuda_prefill_staged.r64s4'
-    # region 43: 2 workloads, the baseline; its stand-ins where it cannot run here
+    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 17 and max_seq_len > 828:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 43: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 25 and 292 < max_seq_len <= 828:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
-    # region 45: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 44: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 1448 and num_seqs > 79 and mean_seq_len > 51 and 107 < max_seq_len <= 292:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 46: 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
+    # region 45: 7 workloads, 1.86x (1.03x .. 3.61x) over vllm_flashinfer_prefill
     if total_seq_len > 1874 and num_seqs <= 51 and 251 < max_seq_len <= 711:
         return 'flashinfer_direct'
-    # region 47: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if 2450 < total_seq_len <= 5792 and num_seqs <= 5 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'triton_prefill_chunked.v64', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 48: 0 workloads, by estimated times (no measured workload in it)
-    if 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1444 < max_seq_len <= 2142:
+    # region 46: 0 workloads, by estimated times (no measured workload in it)
+    if 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 2000:
         return 'cuda_prefill_staged.r32s4'
-    # region 50: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs <= 22 and 711 < max_seq_len <= 955:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 51: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 48: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 2896 and 5 < num_seqs <= 22 and 711 < max_seq_len <= 1659:
+        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
+    # region 49: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 22 < num_seqs <= 51 and 711 < max_seq_len <= 762:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 52: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1444:
+    # region 50: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and 762 < max_seq_len <= 1336:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 53: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797:
+    # region 51: 1 workloads, 1.15x (1.15x .. 1.15x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1336:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 54: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
+    # region 52: 1 workloads, 1.03x (1.03x .. 1.03x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len <= 636:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 55: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 53: 1 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 636 < max_seq_len <= 653:
         return ('vllm_flashinfer_prefill', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
-    # region 56: 0 workloads, by estimated times (no measured workload in it)
+    # region 54: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and 653 < max_seq_len <= 962:
         return 'flashinfer_direct'
-    # region 57: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
+    # region 55: 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill's guarded call
     if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962:
         return 'cuda_prefill_staged.r64s4'
-    # region 59: 3 workloads, 1.26x (1.12x .. 1.56x) over vllm_flashinfer_prefill's guarded call
-    if 5792 < total_seq_len <= 9553 and num_seqs <= 22 and 1444 < max_seq_len <= 2563:
-        return 'cuda_prefill_staged.r32s4'
-    # region 60: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if 5792 < total_seq_len <= 9553 and num_seqs <= 22 and max_seq_len > 2563:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 61: 1 workloads, 2.05x (2.05x .. 2.05x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and num_seqs <= 22 and 955 < max_seq_len <= 1444:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
-    # region 64: 1 workloads, 1.71x (1.71x .. 1.71x) over vllm_flashinfer_prefill's guarded call
-    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1444 < max_seq_len <= 2142:
+    # region 57: 3 workloads, 1.10x (1.10x .. 1.12x) over vllm_flashinfer_prefill's guarded call
+    if 5792 < total_seq_len <= 11585 and num_seqs <= 5 and max_seq_len > 2563:
+        return 'cuda_prefill_cp.p8'
+    # region 58: 1 workloads, 1.14x (1.14x .. 1.14x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and 5 < num_seqs <= 11 and 1659 < max_seq_len <= 3029:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 59: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 5792 and 5 < num_seqs <= 22 and max_seq_len > 3029:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 60: 2 workloads, 1.64x (1.56x .. 1.71x) over vllm_flashinfer_prefill's guarded call
+    if total_seq_len > 5792 and 11 < num_seqs <= 22 and 1659 < max_seq_len <= 3029:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 65: 0 workloads, by estimated times (no measured workload in it)
-    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 66: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and max_seq_len > 3465:
+    # region 62: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11585 and num_seqs <= 5 and max_seq_len > 2563:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4') if inside else 'vllm_flashinfer_prefill'
-    # region 67: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 20107 and num_seqs <= 11 and max_seq_len > 1444:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
-    # region 68: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267:
-        return ('flashinfer_direct', 'cuda_prefill_staged.r64s4', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
 
 
@@ -648,114 +625,118 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 533 and num_seqs > 90 and mean_seq_len <= 22 and 125 < max_seq_len <= 209:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 2896 and num_seqs > 35 and 209 < max_seq_len <= 256:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 7: 1 workloads, 2.55x (2.55x .. 2.55x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p8'
     # region 8: 6 workloads, 1.96x (1.70x .. 2.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368:
+    if total_seq_len <= 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 6 workloads, 3.69x (2.00x .. 6.68x) over vllm_flashinfer_prefill
-    if total_seq_len <= 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill
-    if total_seq_len <= 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368:
+    # region 9: 6 workloads, 4.26x (2.87x .. 6.75x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 1773 and 209 < max_seq_len <= 249:
+        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
+    # region 10: 28 workloads, 3.98x (2.00x .. 7.54x) over vllm_flashinfer_prefill
+    if total_seq_len <= 5792 and num_seqs <= 22 and mean_seq_len <= 1773 and 249 < max_seq_len <= 4090:
+        return ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 11: 7 workloads, 1.93x (1.47x .. 2.47x) over vllm_flashinfer_prefill
+    if total_seq_len <= 11585 and 22 < num_seqs <= 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 11: 2 workloads, 1.64x (1.30x .. 2.07x) over vllm_flashinfer_prefill
-    if total_seq_len <= 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209:
+    # region 12: 3 workloads, 1.77x (1.30x .. 2.07x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and 1773 < mean_seq_len <= 23170 and max_seq_len > 8189:
         return 'cuda_prefill_cp.p16'
-    # region 12: 11 workloads, 4.54x (2.87x .. 7.13x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len <= 8208 and 209 < max_seq_len <= 379:
-        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 13: 20 workloads, 3.77x (2.25x .. 6.60x) over vllm_flashinfer_prefill
-    if num_seqs <= 11 and mean_seq_len <= 8208 and 379 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 14: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 11 and mean_seq_len <= 8208 and max_seq_len > 4093:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if 11 < num_seqs <= 22 and max_seq_len > 5420:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 17: 11 workloads, 8.15x (3.63x .. 15.34x) over vllm_flashinfer_prefill
+    # region 13: 3 workloads, 2.44x (1.48x .. 3.12x) over vllm_flashinfer_prefill
+    if num_seqs <= 5 and mean_seq_len > 1773 and 3465 < max_seq_len <= 8189:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p4') if inside else 'cuda_prefill_cp.p8'
+    # region 14: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 5 and mean_seq_len > 23170 and max_seq_len > 8189:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs <= 22 and mean_seq_len <= 1773 and 4090 < max_seq_len <= 5419:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 16: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if num_seqs <= 22 and mean_seq_len <= 1773 and max_seq_len > 5419:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
+    # region 17: 0 workloads, by estimated times (no measured workload in it)
+    if num_seqs > 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 5792:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 20: 11 workloads, 8.15x (3.63x .. 15.34x) over vllm_flashinfer_prefill
     if 16 < total_seq_len <= 533 and num_seqs <= 45 and max_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 7 workloads, 3.28x (2.27x .. 6.36x) over vllm_flashinfer_prefill
+    # region 21: 7 workloads, 3.28x (2.27x .. 6.36x) over vllm_flashinfer_prefill
     if 16 < total_seq_len <= 533 and num_seqs > 45 and max_seq_len <= 27:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 19: 11 workloads, 5.57x (2.64x .. 12.82x) over vllm_flashinfer_prefill
+    # region 22: 11 workloads, 5.57x (2.64x .. 12.82x) over vllm_flashinfer_prefill
     if 101 < total_seq_len <= 533 and 27 < max_seq_len <= 84:
         return ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 20: 6 workloads, 4.60x (2.91x .. 7.50x) over vllm_flashinfer_prefill
+    # region 23: 6 workloads, 4.60x (2.91x .. 7.50x) over vllm_flashinfer_prefill
     if 101 < total_seq_len <= 533 and 84 < max_seq_len <= 125:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 21: 3 workloads, 5.34x (4.97x .. 6.02x) over vllm_flashinfer_prefill
+    # region 24: 3 workloads, 5.34x (4.97x .. 6.02x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 533 and mean_seq_len > 22 and 125 < max_seq_len <= 209:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
+    # region 25: 1 workloads, 4.88x (4.88x .. 4.88x) over vllm_flashinfer_prefill
     if 533 < total_seq_len <= 1448 and 28 < max_seq_len <= 35:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 23: 3 workloads, 4.76x (2.94x .. 7.54x) over vllm_flashinfer_prefill
+    # region 26: 3 workloads, 4.76x (2.94x .. 7.54x) over vllm_flashinfer_prefill
     if total_seq_len > 533 and num_seqs <= 45 and 126 < max_seq_len <= 209:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 5 workloads, 2.50x (1.61x .. 4.16x) over vllm_flashinfer_prefill
+    # region 27: 5 workloads, 2.50x (1.61x .. 4.16x) over vllm_flashinfer_prefill
     if total_seq_len > 533 and num_seqs <= 90 and 35 < max_seq_len <= 126:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 25: 5 workloads, 2.74x (2.20x .. 3.37x) over vllm_flashinfer_prefill
+    # region 28: 5 workloads, 2.74x (2.20x .. 3.37x) over vllm_flashinfer_prefill
     if total_seq_len > 533 and max_seq_len <= 28:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 26: 4 workloads, 1.77x (1.22x .. 2.48x) over vllm_flashinfer_prefill
+    # region 29: 4 workloads, 1.77x (1.22x .. 2.48x) over vllm_flashinfer_prefill
     if total_seq_len > 533 and num_seqs > 45 and 126 < max_seq_len <= 209:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 27: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
+    # region 30: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
     if total_seq_len > 533 and num_seqs > 90 and 35 < max_seq_len <= 126:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 28: 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill
+    # region 31: 1 workloads, 3.34x (3.34x .. 3.34x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and num_seqs <= 181 and 28 < max_seq_len <= 35:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
+    # region 32: 1 workloads, 1.60x (1.60x .. 1.60x) over vllm_flashinfer_prefill
     if total_seq_len > 1448 and num_seqs > 181 and 28 < max_seq_len <= 35:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 2896 and num_seqs > 35 and 209 < max_seq_len <= 256:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 31: 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 4833 and num_seqs > 35 and 256 < max_seq_len <= 16368:
+    # region 33: 2 workloads, 2.89x (2.67x .. 3.14x) over vllm_flashinfer_prefill
+    if total_seq_len > 2450 and num_seqs <= 5 and mean_seq_len > 1773 and 209 < max_seq_len <= 3465:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
+    # region 34: 6 workloads, 1.60x (1.14x .. 1.99x) over vllm_flashinfer_prefill
+    if total_seq_len > 4833 and num_seqs > 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 32: 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill
-    if total_seq_len > 5792 and 11 < num_seqs <= 22 and 209 < max_seq_len <= 5420:
+    # region 35: 2 workloads, 3.74x (3.46x .. 4.05x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and num_seqs <= 11 and mean_seq_len <= 1773 and 209 < max_seq_len <= 4090:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 36: 3 workloads, 3.21x (2.27x .. 6.40x) over vllm_flashinfer_prefill
+    if total_seq_len > 5792 and 11 < num_seqs <= 22 and mean_seq_len <= 1773 and 209 < max_seq_len <= 4090:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and 22 < num_seqs <= 35 and 209 < max_seq_len <= 16368:
+    # region 37: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and 22 < num_seqs <= 35 and mean_seq_len <= 1773 and 209 < max_seq_len <= 16368:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 28435 and num_seqs <= 11 and mean_seq_len > 8208 and max_seq_len > 209:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p16', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'vllm_flashinfer_prefill.cp_off') if inside else 'vllm_flashinfer_prefill'
     return 'vllm_flashinfer_prefill'
 
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 2450 and 11 < num_seqs <= 22 and max_seq_len > 1444:  # region 20
+    if total_seq_len <= 2896 and 11 < num_seqs <= 22 and max_seq_len > 1659:  # region 21
         return True
-    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 191:  # region 37
+    if total_seq_len > 754 and num_seqs > 51 and mean_seq_len <= 5 and max_seq_len > 194:  # region 36
         return True
-    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828:  # region 40
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 17 and max_seq_len > 828:  # region 39
         return True
-    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828:  # region 41
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 25 and 292 < max_seq_len <= 828:  # region 40
         return True
-    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292:  # region 42
+    if total_seq_len > 1448 and num_seqs > 79 and 5 < mean_seq_len <= 51 and 107 < max_seq_len <= 292:  # region 41
         return True
-    if 2450 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1444 < max_seq_len <= 2142:  # region 48
+    if 2896 < total_seq_len <= 5792 and 5 < num_seqs <= 22 and 1659 < max_seq_len <= 2000:  # region 46
         return True
-    if total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1797:  # region 53
+    if total_seq_len > 2896 and 22 < num_seqs <= 51 and max_seq_len > 1336:  # region 51
         return True
-    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962:  # region 57
+    if total_seq_len > 2896 and 51 < num_seqs <= 79 and mean_seq_len > 5 and max_seq_len > 962:  # region 55
         return True
-    if 5792 < total_seq_len <= 9553 and num_seqs <= 22 and 1444 < max_seq_len <= 2563:  # region 59
+    if 5792 < total_seq_len <= 11585 and num_seqs <= 5 and max_seq_len > 2563:  # region 57
         return True
-    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 1444 < max_seq_len <= 2142:  # region 64
+    if total_seq_len > 5792 and 5 < num_seqs <= 11 and 1659 < max_seq_len <= 3029:  # region 58
         return True
-    if 9553 < total_seq_len <= 20107 and num_seqs <= 22 and 2142 < max_seq_len <= 3465:  # region 65
-        return True
-    if total_seq_len > 20107 and 11 < num_seqs <= 22 and 1444 < max_seq_len <= 5267:  # region 68
+    if total_seq_len > 5792 and 11 < num_seqs <= 22 and 1659 < max_seq_len <= 3029:  # region 60
         return True
     return False

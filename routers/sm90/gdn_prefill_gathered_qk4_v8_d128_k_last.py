@@ -197,48 +197,48 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             ranges of total_seq_len, num_seqs, max_seq_len), each variant's time there estimated
 #             from its measured workloads (local-linear in the logs, bandwidth 1.5:
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
-# held out    graph: 5-fold over workloads: regret vs the best variant 25.23% mean, 773.47% max;
-#             1.224x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 4.14% mean, 91.89% max;
-#             2.913x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    graph: 5-fold over workloads: regret vs the best variant 4.04% mean, 199.25% max;
+#             1.297x over the baseline; 1 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 5.25% mean, 122.24% max;
+#             2.833x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: cuda_prefill_pool_rows.k16c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32
 #   2. total_seq_len <= 181 and num_seqs <= 5 and 21 < max_seq_len <= 41: triton_prefill_fused.c16v32, 3 workloads, 5.06x (4.53x .. 5.36x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
 #   3. total_seq_len <= 181 and num_seqs <= 5 and 41 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 6 workloads, 3.30x (2.77x .. 3.90x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v32, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64
 #   4. total_seq_len <= 557 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r32s4, 1 workloads, 1.08x (1.08x .. 1.08x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   5. total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   6. total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770: cuda_prefill_staged.r32s4, 4 workloads, 1.83x (1.62x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32
-#   7. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   8. total_seq_len <= 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491: cuda_prefill_staged.r32s4, 7 workloads, 1.52x (1.14x .. 2.03x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   9. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   10. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
-#   11. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   12. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
-#   13. total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
-#   14. total_seq_len <= 5258 and 2 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 0 workloads
-#   15. total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
-#   16. num_seqs <= 2 and mean_seq_len <= 1448 and max_seq_len > 1491: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it)
-#   17. num_seqs <= 2 and mean_seq_len > 1448 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
-#   18. num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   19. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
-#   20. 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
-#   21. 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   22. 5 < num_seqs <= 19 and 21 < max_seq_len <= 226: flashinfer_direct, 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   23. 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   24. 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
-#   25. 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8
-#   26. num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
-#   27. num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
-#   28. num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
-#   29. total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
-#   30. total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136: flashinfer_direct, 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   31. total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
-#   32. 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
-#   33. total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
-#   34. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770: flashinfer_direct, 1 workloads, 2.57x (2.57x .. 2.57x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
-#   36. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
-#   37. total_seq_len > 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   6. total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   7. total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021: cuda_prefill_staged.r32s4, 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   8. total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1491: cuda_prefill_cp.p4, 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4
+#   9. total_seq_len <= 2896 and num_seqs <= 2 and max_seq_len > 1491: cuda_prefill_cp.p4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_cp.p8
+#   10. total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: cuda_prefill_staged.r32s4, 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   11. total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45: cuda_prefill_staged.r64s4, 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+#   12. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856: flashinfer_direct, 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   13. total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856: cuda_prefill_staged.r64s4, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+#   14. total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, triton_prefill_staged.c16v64
+#   15. total_seq_len <= 5258 and 2 < num_seqs <= 11 and mean_seq_len > 362 and max_seq_len > 2712: vllm_flashinfer_prefill (baseline), 0 workloads
+#   16. total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712: cuda_prefill_staged.r32s4, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   17. num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k16c8, 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   18. num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v32, 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_staged.c16v64
+#   19. 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491: cuda_prefill_staged.r32s4, 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4
+#   20. 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10: cuda_prefill_pool_rows.k4c8, 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   21. 5 < num_seqs <= 19 and 21 < max_seq_len <= 226: flashinfer_direct, 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   22. 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21: triton_prefill_fused.c16v64, 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   23. 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16: cuda_prefill_pool_rows.k4c8, 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64
+#   24. 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, vllm_flashinfer_prefill.cp_off, flashinfer_direct, cuda_prefill_pool_rows.k16c8
+#   25. num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449: cuda_prefill_staged.r64s4, 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+#   26. num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11: cuda_prefill_pool_rows.k2c8, 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_staged.r64s4, cuda_prefill_pool_rows.k8c8, cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k16c8
+#   27. num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449: cuda_prefill_staged.r64s4, 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   28. total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21: triton_prefill_fused.c16v64, 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_pool_rows.k4c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, flashinfer_direct, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   29. total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136: flashinfer_direct, 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   30. total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495: cuda_prefill_staged.r32s4, 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
+#   31. 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449: cuda_prefill_staged.r64s4, 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+#   32. total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495: flashinfer_direct, 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   33. 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901: flashinfer_direct, 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+#   34. 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491: cuda_prefill_staged.r32s4, 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4
+#   35. 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it); then vllm_flashinfer_prefill.cp_off
+#   36. total_seq_len > 2896 and num_seqs <= 2 and max_seq_len > 1491: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   37. total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491: flashinfer_direct, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 #   38. total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
 #   39. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and 439 < max_seq_len <= 550: flashinfer_direct, 0 workloads, by estimated times (no measured workload in it)
 #   40. total_seq_len > 2896 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len > 550: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, flashinfer_direct, vllm_flashinfer_prefill.cp_off, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64
@@ -271,28 +271,31 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   12. 181 < total_seq_len <= 362 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v32, 4 workloads, 7.70x (6.44x .. 8.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
 #   13. 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len <= 54: cuda_prefill_pool_rows.k2c8, 10 workloads, 3.37x (2.07x .. 5.98x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, flashinfer_direct
 #   14. 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len > 54: cuda_prefill_staged.r64s4, 4 workloads, 2.31x (1.29x .. 3.13x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, flashinfer_direct
-#   15. 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   16. 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len > 222: cuda_prefill_staged.r32s4, 31 workloads, 4.22x (2.31x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
-#   17. 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v64, 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   18. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   19. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90: cuda_prefill_staged.r64s4, 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   20. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   21. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   22. 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   23. 4048 < total_seq_len <= 11585 and num_seqs <= 45 and mean_seq_len <= 914 and max_seq_len > 4528: cuda_prefill_staged.r32s4, 3 workloads, 2.04x (1.74x .. 2.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
-#   24. 4048 < total_seq_len <= 11585 and num_seqs > 45 and mean_seq_len <= 914 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 2 workloads, 1.75x (1.72x .. 1.78x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, vllm_flashinfer_prefill.cp_off
-#   25. 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
-#   26. total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093: cuda_prefill_staged.r32s4, 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   27. total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528: cuda_prefill_cp.p8, 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill's guarded call; then cuda_prefill_cp.p4, cuda_prefill_cp.p16; engine plugins keep the engine's kernel (`hand_back`)
-#   28. total_seq_len > 4048 and num_seqs <= 11 and mean_seq_len > 914 and max_seq_len > 4528: vllm_flashinfer_prefill (baseline), 8 workloads
-#   29. total_seq_len > 4048 and 5 < num_seqs <= 11 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   30. total_seq_len > 4048 and 5 < num_seqs <= 11 and 1448 < max_seq_len <= 4093: cuda_prefill_staged.r32s4, 1 workloads, 2.44x (2.44x .. 2.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
-#   31. total_seq_len > 4048 and num_seqs > 5 and 4093 < max_seq_len <= 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4, flashinfer_direct
-#   32. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_staged.r32s4
-#   33. total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and max_seq_len > 16376: vllm_flashinfer_prefill (baseline), 0 workloads
-#   34. total_seq_len > 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   35. total_seq_len > 11585 and mean_seq_len <= 914 and max_seq_len > 4528: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
-#   36. total_seq_len > 19714 and num_seqs > 30 and max_seq_len <= 4093: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   15. 181 < total_seq_len <= 657 and num_seqs <= 17 and 222 < max_seq_len <= 236: triton_prefill_fused.c16v32, 5 workloads, 4.02x (3.11x .. 4.91x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v32, cuda_prefill_pool_rows.k16c8, triton_prefill_staged.c16v64, cuda_prefill_pool_rows.k8c8, flashinfer_direct, triton_prefill_chunked.v64
+#   16. 181 < total_seq_len <= 657 and num_seqs <= 17 and max_seq_len > 236: cuda_prefill_staged.r32s4, 5 workloads, 5.16x (3.07x .. 7.44x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_staged.c16v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   17. 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56: cuda_prefill_pool_rows.k2c8, 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   18. 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222: triton_prefill_fused.c16v64, 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   19. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90: triton_prefill_fused.c16v64, 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v32, triton_prefill_staged.c16v64, triton_prefill_staged.c16v32, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   20. 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90: cuda_prefill_staged.r64s4, 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   21. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, cuda_prefill_staged.r32s4, triton_prefill_fused.c16v64, triton_prefill_staged.c16v64, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   22. 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23: cuda_prefill_staged.r64s4, 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   23. 657 < total_seq_len <= 4048 and num_seqs <= 1 and max_seq_len > 222: cuda_prefill_cp.p4, 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p8, cuda_prefill_staged.r32s4, cuda_prefill_cp.p16, cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, triton_prefill_chunked.v64, flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   24. 657 < total_seq_len <= 4048 and 1 < num_seqs <= 17 and max_seq_len > 222: cuda_prefill_staged.r32s4, 20 workloads, 4.07x (2.31x .. 6.83x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, triton_prefill_staged.c16v32, flashinfer_direct
+#   25. 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill; then flashinfer_direct, vllm_flashinfer_prefill.cp_off
+#   26. 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152: cuda_prefill_staged.r32s4, 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   27. 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093: cuda_prefill_staged.r64s4, 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct
+#   28. total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093: cuda_prefill_cp.p8, 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill; then cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   29. total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, cuda_prefill_cp.p8, cuda_prefill_cp.p4, cuda_prefill_cp.p16
+#   30. total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093: cuda_prefill_staged.r32s4, 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   31. total_seq_len > 4048 and 2 < num_seqs <= 11 and 7152 < max_seq_len <= 16372: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
+#   32. total_seq_len > 4048 and 2 < num_seqs <= 45 and max_seq_len > 16372: vllm_flashinfer_prefill (baseline), 0 workloads
+#   33. total_seq_len > 4048 and 5 < num_seqs <= 11 and max_seq_len <= 1448: cuda_prefill_staged.r64s4, 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off
+#   34. total_seq_len > 4048 and 5 < num_seqs <= 11 and 1448 < max_seq_len <= 7152: cuda_prefill_staged.r32s4, 2 workloads, 2.47x (2.44x .. 2.50x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r64s4, flashinfer_direct
+#   35. total_seq_len > 4048 and num_seqs > 11 and 4093 < max_seq_len <= 16372: cuda_prefill_staged.r64s4, 4 workloads, 1.75x (1.65x .. 1.85x) over vllm_flashinfer_prefill; then cuda_prefill_staged.r32s4
+#   36. total_seq_len > 4048 and num_seqs > 45 and max_seq_len > 16372: cuda_prefill_staged.r64s4, 0 workloads, by estimated times (no measured workload in it)
+#   37. total_seq_len > 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093: flashinfer_direct, 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   38. total_seq_len > 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, cuda_prefill_staged.r32s4, cuda_prefill_staged.r64s4, flashinfer_direct, triton_prefill_staged.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_staged.c16v64, triton_prefill_chunked.v64
+#   39. total_seq_len > 19714 and num_seqs > 30 and max_seq_len <= 4093: flashinfer_direct, 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (None, 45)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32')},
@@ -300,38 +303,38 @@ REGIONS_HINTED = (
     {'region': 3, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (41, 495), 'num_seqs': (None, 5), 'total_seq_len': (None, 181)}, 'workloads': 6, 'speedup': (2.77, 3.3, 3.9), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64')},
     {'region': 4, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (None, 557)}, 'workloads': 1, 'speedup': (1.08, 1.08, 1.08), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 5, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (None, 724)}, 'workloads': 3, 'speedup': (1.11, 2.22, 3.62), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 770), 'num_seqs': (None, 11), 'total_seq_len': (None, 1448)}, 'workloads': 4, 'speedup': (1.62, 1.83, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32')},
-    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 8, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (770, 1491), 'num_seqs': (None, 11), 'total_seq_len': (None, 2896)}, 'workloads': 7, 'speedup': (1.14, 1.52, 2.03), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 9, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 10, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
-    {'region': 11, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 12, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
-    {'region': 13, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (2, 7), 'total_seq_len': (None, 5258)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (7, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 1448), 'num_seqs': (None, 2)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 17, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (1448, None), 'num_seqs': (None, 2)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
-    {'region': 18, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 19, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (6.86, 6.86, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 11)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
-    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, 19)}, 'workloads': 2, 'speedup': (1.34, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 226), 'num_seqs': (5, 19)}, 'workloads': 17, 'speedup': (1.05, 2.02, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 23, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (5, 19)}, 'workloads': 5, 'speedup': (1.16, 1.78, 7.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 449), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (2, 30), 'num_seqs': (19, None)}, 'workloads': 16, 'speedup': (1.09, 1.29, 1.48), 'fallbacks': ()},
-    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 5, 'speedup': (1.61, 1.66, 1.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 28, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 30, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 136), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (3.05, 3.57, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (136, 495), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 8, 'speedup': (2.15, 2.61, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (557, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
-    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.81, 3.47, 4.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
-    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 770), 'num_seqs': (None, 11), 'total_seq_len': (1448, None)}, 'workloads': 1, 'speedup': (2.57, 2.57, 2.57), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (770, 1491), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 6, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 7, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1021), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 7, 'speedup': (1.32, 1.72, 1.98), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 8, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1021, 1491), 'num_seqs': (None, 11), 'total_seq_len': (None, 1704)}, 'workloads': 2, 'speedup': (1.21, 1.3, 1.4), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4')},
+    {'region': 9, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (None, 2896)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_cp.p8',)},
+    {'region': 10, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.11, 1.12, 1.13), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 11, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'mean_seq_len': (30, 45), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 6, 'speedup': (1.06, 1.12, 1.16), 'fallbacks': ()},
+    {'region': 12, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 856), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.06, 1.09, 1.11), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 13, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (856, None), 'mean_seq_len': (45, None), 'num_seqs': (19, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.13, 1.13, 1.13), 'fallbacks': ()},
+    {'region': 14, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (2, 7), 'total_seq_len': (None, 5258)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64')},
+    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2712, None), 'mean_seq_len': (362, None), 'num_seqs': (2, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, 2712), 'mean_seq_len': (362, None), 'num_seqs': (7, 11), 'total_seq_len': (None, 5258)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (None, 3)}, 'workloads': 4, 'speedup': (7.66, 8.0, 8.73), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (None, 5)}, 'workloads': 1, 'speedup': (6.86, 6.86, 6.86), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64')},
+    {'region': 19, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1491, None), 'mean_seq_len': (None, 362), 'num_seqs': (2, 11)}, 'workloads': 1, 'speedup': (1.18, 1.18, 1.18), 'fallbacks': ('cuda_prefill_staged.r64s4',)},
+    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 10), 'mean_seq_len': (None, 6), 'num_seqs': (3, 19)}, 'workloads': 2, 'speedup': (1.34, 1.5, 1.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 21, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 226), 'num_seqs': (5, 19)}, 'workloads': 17, 'speedup': (1.05, 2.02, 5.79), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 21), 'mean_seq_len': (6, None), 'num_seqs': (5, 19)}, 'workloads': 5, 'speedup': (1.16, 1.78, 7.05), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 16), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 1, 'speedup': (2.16, 2.16, 2.16), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16, 449), 'mean_seq_len': (None, 2), 'num_seqs': (19, 44)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 449), 'mean_seq_len': (2, 30), 'num_seqs': (19, None)}, 'workloads': 16, 'speedup': (1.09, 1.29, 1.48), 'fallbacks': ()},
+    {'region': 26, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 11), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 5, 'speedup': (1.61, 1.66, 1.76), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (11, 449), 'mean_seq_len': (None, 2), 'num_seqs': (44, None)}, 'workloads': 2, 'speedup': (1.35, 1.43, 1.51), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (10, 21), 'mean_seq_len': (None, 6), 'num_seqs': (None, 19), 'total_seq_len': (45, None)}, 'workloads': 1, 'speedup': (1.31, 1.31, 1.31), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 29, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (21, 136), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 4, 'speedup': (3.05, 3.57, 4.17), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (136, 495), 'num_seqs': (None, 5), 'total_seq_len': (181, None)}, 'workloads': 8, 'speedup': (2.15, 2.61, 3.12), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
+    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (449, None), 'mean_seq_len': (None, 30), 'num_seqs': (19, None), 'total_seq_len': (557, 2896)}, 'workloads': 4, 'speedup': (1.05, 1.21, 1.5), 'fallbacks': ()},
+    {'region': 32, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (226, 495), 'num_seqs': (5, 19), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (2.81, 3.47, 4.28), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 33, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 901), 'num_seqs': (11, 19), 'total_seq_len': (1448, 5792)}, 'workloads': 1, 'speedup': (1.04, 1.04, 1.04), 'fallbacks': ()},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (495, 1491), 'num_seqs': (None, 11), 'total_seq_len': (1704, 2896)}, 'workloads': 3, 'speedup': (1.78, 2.14, 2.7), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4')},
+    {'region': 35, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 439), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, 5792)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 36, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1491, None), 'num_seqs': (None, 2), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (495, 1491), 'num_seqs': (None, 11), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
     {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (901, None), 'num_seqs': (11, 19), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
     {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (439, 550), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
     {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (550, None), 'mean_seq_len': (30, None), 'num_seqs': (19, 39), 'total_seq_len': (2896, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64')},
@@ -366,28 +369,31 @@ REGIONS_HINTED_EAGER = (
     {'region': 12, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (181, 362)}, 'workloads': 4, 'speedup': (6.44, 7.7, 8.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 13, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 54), 'num_seqs': (17, None), 'total_seq_len': (181, 557)}, 'workloads': 10, 'speedup': (2.07, 3.37, 5.98), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct')},
     {'region': 14, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (54, None), 'num_seqs': (17, None), 'total_seq_len': (181, 557)}, 'workloads': 4, 'speedup': (1.29, 2.31, 3.13), 'fallbacks': ('cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct')},
-    {'region': 15, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 5, 'speedup': (4.34, 4.95, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 31, 'speedup': (2.31, 4.22, 7.44), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
-    {'region': 17, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (362, 4048)}, 'workloads': 9, 'speedup': (2.42, 4.28, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 2, 'speedup': (2.62, 3.17, 3.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (1.44, 1.76, 1.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (2.37, 2.56, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 21, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 9, 'speedup': (1.77, 2.03, 2.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (1.57, 1.7, 1.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 23, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 914), 'num_seqs': (None, 45), 'total_seq_len': (4048, 11585)}, 'workloads': 3, 'speedup': (1.74, 2.04, 2.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
-    {'region': 24, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 914), 'num_seqs': (45, None), 'total_seq_len': (4048, 11585)}, 'workloads': 2, 'speedup': (1.72, 1.75, 1.78), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (4048, 19714)}, 'workloads': 7, 'speedup': (1.41, 1.86, 2.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.1, 3.15, 3.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 27, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.62, 1.62, 1.62), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16'), 'hand_back': True},
-    {'region': 28, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (914, None), 'num_seqs': (None, 11), 'total_seq_len': (4048, None)}, 'workloads': 8, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ()},
-    {'region': 29, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1448, 4093), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (2.44, 2.44, 2.44), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 31, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 4528), 'num_seqs': (5, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
-    {'region': 32, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, 16376), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_staged.r32s4',)},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16376, None), 'mean_seq_len': (914, None), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 34, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4528, None), 'mean_seq_len': (None, 914), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 36, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (19714, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 15, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (222, 236), 'num_seqs': (None, 17), 'total_seq_len': (181, 657)}, 'workloads': 5, 'speedup': (3.11, 4.02, 4.91), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_chunked.v64')},
+    {'region': 16, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (236, None), 'num_seqs': (None, 17), 'total_seq_len': (181, 657)}, 'workloads': 5, 'speedup': (3.07, 5.16, 7.44), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 56), 'num_seqs': (None, 17), 'total_seq_len': (181, 4048)}, 'workloads': 5, 'speedup': (4.34, 4.95, 5.73), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 18, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (56, 222), 'num_seqs': (None, 17), 'total_seq_len': (362, 4048)}, 'workloads': 9, 'speedup': (2.42, 4.28, 9.54), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 19, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 90), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 2, 'speedup': (2.62, 3.17, 3.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 20, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (90, None), 'num_seqs': (17, 45), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (1.44, 1.76, 1.94), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 21, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 23), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 4, 'speedup': (2.37, 2.56, 3.0), 'fallbacks': ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 22, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (23, None), 'num_seqs': (45, None), 'total_seq_len': (557, 4048)}, 'workloads': 9, 'speedup': (1.77, 2.03, 2.3), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 23, 'variant': 'cuda_prefill_cp.p4', 'bounds': {'max_seq_len': (222, None), 'num_seqs': (None, 1), 'total_seq_len': (657, 4048)}, 'workloads': 1, 'speedup': (4.69, 4.69, 4.69), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (222, None), 'num_seqs': (1, 17), 'total_seq_len': (657, 4048)}, 'workloads': 20, 'speedup': (2.31, 4.07, 6.83), 'fallbacks': ('cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct')},
+    {'region': 25, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (4048, 10278)}, 'workloads': 2, 'speedup': (1.57, 1.7, 1.85), 'fallbacks': ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 26, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (4093, 7152), 'num_seqs': (2, 5), 'total_seq_len': (4048, 11165)}, 'workloads': 1, 'speedup': (1.79, 1.79, 1.79), 'fallbacks': (), 'hand_back': True},
+    {'region': 27, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (4048, 19714)}, 'workloads': 7, 'speedup': (1.41, 1.86, 2.38), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct')},
+    {'region': 28, 'variant': 'cuda_prefill_cp.p8', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (None, 5792), 'num_seqs': (None, 2), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (1.87, 1.87, 1.87), 'fallbacks': ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 29, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, None), 'mean_seq_len': (5792, None), 'num_seqs': (None, 2), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16')},
+    {'region': 30, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (None, 5), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (3.1, 3.15, 3.2), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 31, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (7152, 16372), 'num_seqs': (2, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
+    {'region': 32, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (2, 45), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 33, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (None, 1448), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 1, 'speedup': (2.63, 2.63, 2.63), 'fallbacks': ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 34, 'variant': 'cuda_prefill_staged.r32s4', 'bounds': {'max_seq_len': (1448, 7152), 'num_seqs': (5, 11), 'total_seq_len': (4048, None)}, 'workloads': 2, 'speedup': (2.44, 2.47, 2.5), 'fallbacks': ('cuda_prefill_staged.r64s4', 'flashinfer_direct')},
+    {'region': 35, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (4093, 16372), 'num_seqs': (11, None), 'total_seq_len': (4048, None)}, 'workloads': 4, 'speedup': (1.65, 1.75, 1.85), 'fallbacks': ('cuda_prefill_staged.r32s4',)},
+    {'region': 36, 'variant': 'cuda_prefill_staged.r64s4', 'bounds': {'max_seq_len': (16372, None), 'num_seqs': (45, None), 'total_seq_len': (4048, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 37, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (11, 30), 'total_seq_len': (10278, None)}, 'workloads': 1, 'speedup': (1.54, 1.54, 1.54), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (4093, 7152), 'num_seqs': (2, 5), 'total_seq_len': (11165, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 39, 'variant': 'flashinfer_direct', 'bounds': {'max_seq_len': (None, 4093), 'num_seqs': (30, None), 'total_seq_len': (19714, None)}, 'workloads': 2, 'speedup': (1.24, 1.33, 1.43), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -411,98 +417,98 @@ def route_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 5: 3 workloads, 2.22x (1.11x .. 3.62x) over vllm_flashinfer_prefill
     if total_seq_len <= 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 6: 4 workloads, 1.83x (1.62x .. 1.98x) over vllm_flashinfer_prefill
-    if total_seq_len <= 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32') if inside else 'cuda_prefill_staged.r32s4'
-    # region 7: 0 workloads, by estimated times (no measured workload in it)
+    # region 6: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 1448 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 8: 7 workloads, 1.52x (1.14x .. 2.03x) over vllm_flashinfer_prefill
-    if total_seq_len <= 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 9: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
+    # region 7: 7 workloads, 1.72x (1.32x .. 1.98x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 11 and 495 < max_seq_len <= 1021:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 8: 2 workloads, 1.30x (1.21x .. 1.40x) over vllm_flashinfer_prefill
+    if total_seq_len <= 1704 and num_seqs <= 11 and 1021 < max_seq_len <= 1491:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_cp.p4'
+    # region 9: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 2896 and num_seqs <= 2 and max_seq_len > 1491:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8') if inside else 'cuda_prefill_cp.p4'
+    # region 10: 2 workloads, 1.12x (1.11x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 10: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
+    # region 11: 6 workloads, 1.12x (1.06x .. 1.16x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and 30 < mean_seq_len <= 45:
         return 'cuda_prefill_staged.r64s4'
-    # region 11: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
+    # region 12: 2 workloads, 1.09x (1.06x .. 1.11x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len <= 856:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 12: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
+    # region 13: 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len > 45 and max_seq_len > 856:
         return 'cuda_prefill_staged.r64s4'
-    # region 13: 3 workloads, the baseline; its stand-ins where it cannot run here
+    # region 14: 3 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len <= 5258 and 2 < num_seqs <= 7 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
         return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'triton_prefill_staged.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 15: 0 workloads, by estimated times (no measured workload in it)
+    # region 16: 0 workloads, by estimated times (no measured workload in it)
     if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:
         return 'cuda_prefill_staged.r32s4'
-    # region 16: 0 workloads, by estimated times (no measured workload in it)
-    if num_seqs <= 2 and mean_seq_len <= 1448 and max_seq_len > 1491:
-        return 'cuda_prefill_staged.r32s4'
-    # region 17: 5 workloads, the baseline; its stand-ins where it cannot run here
-    if num_seqs <= 2 and mean_seq_len > 1448 and max_seq_len > 1491:
-        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
-    # region 18: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
+    # region 17: 4 workloads, 8.00x (7.66x .. 8.73x) over vllm_flashinfer_prefill
     if num_seqs <= 3 and mean_seq_len <= 6 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 19: 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill
+    # region 18: 1 workloads, 6.86x (6.86x .. 6.86x) over vllm_flashinfer_prefill
     if num_seqs <= 5 and mean_seq_len > 6 and max_seq_len <= 21:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_staged.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 20: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
+    # region 19: 1 workloads, 1.18x (1.18x .. 1.18x) over vllm_flashinfer_prefill
     if 2 < num_seqs <= 11 and mean_seq_len <= 362 and max_seq_len > 1491:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
-    # region 21: 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill
+    # region 20: 2 workloads, 1.50x (1.34x .. 1.68x) over vllm_flashinfer_prefill
     if 3 < num_seqs <= 19 and mean_seq_len <= 6 and max_seq_len <= 10:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 22: 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill
+    # region 21: 17 workloads, 2.02x (1.05x .. 5.79x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 19 and 21 < max_seq_len <= 226:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 23: 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill
+    # region 22: 5 workloads, 1.78x (1.16x .. 7.05x) over vllm_flashinfer_prefill
     if 5 < num_seqs <= 19 and mean_seq_len > 6 and max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 24: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
+    # region 23: 1 workloads, 2.16x (2.16x .. 2.16x) over vllm_flashinfer_prefill
     if 19 < num_seqs <= 44 and mean_seq_len <= 2 and max_seq_len <= 16:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 25: 0 workloads, by estimated times (no measured workload in it)
+    # region 24: 0 workloads, by estimated times (no measured workload in it)
     if 19 < num_seqs <= 44 and mean_seq_len <= 2 and 16 < max_seq_len <= 449:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'vllm_flashinfer_prefill.cp_off', 'flashinfer_direct', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
+    # region 25: 16 workloads, 1.29x (1.09x .. 1.48x) over vllm_flashinfer_prefill
     if num_seqs > 19 and 2 < mean_seq_len <= 30 and max_seq_len <= 449:
         return 'cuda_prefill_staged.r64s4'
-    # region 27: 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill
+    # region 26: 5 workloads, 1.66x (1.61x .. 1.76x) over vllm_flashinfer_prefill
     if num_seqs > 44 and mean_seq_len <= 2 and max_seq_len <= 11:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k16c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 28: 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
+    # region 27: 2 workloads, 1.43x (1.35x .. 1.51x) over vllm_flashinfer_prefill
     if num_seqs > 44 and mean_seq_len <= 2 and 11 < max_seq_len <= 449:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 29: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.31x (1.31x .. 1.31x) over vllm_flashinfer_prefill
     if total_seq_len > 45 and num_seqs <= 19 and mean_seq_len <= 6 and 10 < max_seq_len <= 21:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r32s4', 'cuda_prefill_pool_rows.k4c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 30: 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill
+    # region 29: 4 workloads, 3.57x (3.05x .. 4.17x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs <= 5 and 21 < max_seq_len <= 136:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'flashinfer_direct'
-    # region 31: 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill
+    # region 30: 8 workloads, 2.61x (2.15x .. 3.12x) over vllm_flashinfer_prefill
     if total_seq_len > 181 and num_seqs <= 5 and 136 < max_seq_len <= 495:
         return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64') if inside else 'cuda_prefill_staged.r32s4'
-    # region 32: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
+    # region 31: 4 workloads, 1.21x (1.05x .. 1.50x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 2896 and num_seqs > 19 and mean_seq_len <= 30 and max_seq_len > 449:
         return 'cuda_prefill_staged.r64s4'
-    # region 33: 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill
+    # region 32: 2 workloads, 3.47x (2.81x .. 4.28x) over vllm_flashinfer_prefill
     if total_seq_len > 724 and 5 < num_seqs <= 19 and 226 < max_seq_len <= 495:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 34: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
+    # region 33: 1 workloads, 1.04x (1.04x .. 1.04x) over vllm_flashinfer_prefill
     if 1448 < total_seq_len <= 5792 and 11 < num_seqs <= 19 and 495 < max_seq_len <= 901:
         return 'flashinfer_direct'
-    # region 35: 1 workloads, 2.57x (2.57x .. 2.57x) over vllm_flashinfer_prefill
-    if total_seq_len > 1448 and num_seqs <= 11 and 495 < max_seq_len <= 770:
-        return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4') if inside else 'flashinfer_direct'
-    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    # region 34: 3 workloads, 2.14x (1.78x .. 2.70x) over vllm_flashinfer_prefill
+    if 1704 < total_seq_len <= 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491:
+        return ('cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_staged.r64s4') if inside else 'cuda_prefill_staged.r32s4'
+    # region 35: 0 workloads, by estimated times (no measured workload in it)
     if 2896 < total_seq_len <= 5792 and 19 < num_seqs <= 39 and mean_seq_len > 30 and max_seq_len <= 439:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
+    # region 36: 5 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 2896 and num_seqs <= 2 and max_seq_len > 1491:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
     # region 37: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len > 2896 and num_seqs <= 11 and 770 < max_seq_len <= 1491:
+    if total_seq_len > 2896 and num_seqs <= 11 and 495 < max_seq_len <= 1491:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     # region 38: 2 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 2896 and 11 < num_seqs <= 19 and max_seq_len > 901:
@@ -600,64 +606,76 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 14: 4 workloads, 2.31x (1.29x .. 3.13x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 557 and num_seqs > 17 and max_seq_len > 54:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 15: 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill
+    # region 15: 5 workloads, 4.02x (3.11x .. 4.91x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 657 and num_seqs <= 17 and 222 < max_seq_len <= 236:
+        return ('triton_prefill_fused.c16v32', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v32', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_staged.c16v64', 'cuda_prefill_pool_rows.k8c8', 'flashinfer_direct', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
+    # region 16: 5 workloads, 5.16x (3.07x .. 7.44x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 657 and num_seqs <= 17 and max_seq_len > 236:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
+    # region 17: 5 workloads, 4.95x (4.34x .. 5.73x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len <= 56:
         return ('cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 16: 31 workloads, 4.22x (2.31x .. 7.44x) over vllm_flashinfer_prefill
-    if 181 < total_seq_len <= 4048 and num_seqs <= 17 and max_seq_len > 222:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 17: 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill
+    # region 18: 9 workloads, 4.28x (2.42x .. 9.54x) over vllm_flashinfer_prefill
     if 362 < total_seq_len <= 4048 and num_seqs <= 17 and 56 < max_seq_len <= 222:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 18: 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill
+    # region 19: 2 workloads, 3.17x (2.62x .. 3.83x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len <= 90:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v32', 'triton_prefill_staged.c16v64', 'triton_prefill_staged.c16v32', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
-    # region 19: 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill
+    # region 20: 4 workloads, 1.76x (1.44x .. 1.94x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and 17 < num_seqs <= 45 and max_seq_len > 90:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 20: 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill
+    # region 21: 4 workloads, 2.56x (2.37x .. 3.00x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len <= 23:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'triton_prefill_fused.c16v64', 'triton_prefill_staged.c16v64', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 21: 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill
+    # region 22: 9 workloads, 2.03x (1.77x .. 2.30x) over vllm_flashinfer_prefill
     if 557 < total_seq_len <= 4048 and num_seqs > 45 and max_seq_len > 23:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 22: 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill
+    # region 23: 1 workloads, 4.69x (4.69x .. 4.69x) over vllm_flashinfer_prefill
+    if 657 < total_seq_len <= 4048 and num_seqs <= 1 and max_seq_len > 222:
+        return ('cuda_prefill_cp.p4', 'cuda_prefill_cp.p8', 'cuda_prefill_staged.r32s4', 'cuda_prefill_cp.p16', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'triton_prefill_chunked.v64', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_cp.p4'
+    # region 24: 20 workloads, 4.07x (2.31x .. 6.83x) over vllm_flashinfer_prefill
+    if 657 < total_seq_len <= 4048 and 1 < num_seqs <= 17 and max_seq_len > 222:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'triton_prefill_staged.c16v32', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 25: 2 workloads, 1.70x (1.57x .. 1.85x) over vllm_flashinfer_prefill
     if 4048 < total_seq_len <= 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 23: 3 workloads, 2.04x (1.74x .. 2.50x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 11585 and num_seqs <= 45 and mean_seq_len <= 914 and max_seq_len > 4528:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
-    # region 24: 2 workloads, 1.75x (1.72x .. 1.78x) over vllm_flashinfer_prefill
-    if 4048 < total_seq_len <= 11585 and num_seqs > 45 and mean_seq_len <= 914 and max_seq_len > 4528:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 25: 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill
+    # region 26: 1 workloads, 1.79x (1.79x .. 1.79x) over vllm_flashinfer_prefill's guarded call
+    if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:
+        return 'cuda_prefill_staged.r32s4'
+    # region 27: 7 workloads, 1.86x (1.41x .. 2.38x) over vllm_flashinfer_prefill
     if 4048 < total_seq_len <= 19714 and num_seqs > 30 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 26: 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill
+    # region 28: 1 workloads, 1.87x (1.87x .. 1.87x) over vllm_flashinfer_prefill
+    if total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len <= 5792 and max_seq_len > 4093:
+        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
+    # region 29: 4 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4048 and num_seqs <= 2 and mean_seq_len > 5792 and max_seq_len > 4093:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'vllm_flashinfer_prefill'
+    # region 30: 2 workloads, 3.15x (3.10x .. 3.20x) over vllm_flashinfer_prefill
     if total_seq_len > 4048 and num_seqs <= 5 and max_seq_len <= 4093:
         return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 27: 1 workloads, 1.62x (1.62x .. 1.62x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:
-        return ('cuda_prefill_cp.p8', 'cuda_prefill_cp.p4', 'cuda_prefill_cp.p16') if inside else 'cuda_prefill_cp.p8'
-    # region 29: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
+    # region 31: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 4048 and 2 < num_seqs <= 11 and 7152 < max_seq_len <= 16372:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 33: 1 workloads, 2.63x (2.63x .. 2.63x) over vllm_flashinfer_prefill
     if total_seq_len > 4048 and 5 < num_seqs <= 11 and max_seq_len <= 1448:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r64s4'
-    # region 30: 1 workloads, 2.44x (2.44x .. 2.44x) over vllm_flashinfer_prefill
-    if total_seq_len > 4048 and 5 < num_seqs <= 11 and 1448 < max_seq_len <= 4093:
-        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_staged.r32s4'
-    # region 31: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4048 and num_seqs > 5 and 4093 < max_seq_len <= 4528:
-        return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r64s4'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 4048 and num_seqs > 11 and mean_seq_len > 914 and 4528 < max_seq_len <= 16376:
+    # region 34: 2 workloads, 2.47x (2.44x .. 2.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 4048 and 5 < num_seqs <= 11 and 1448 < max_seq_len <= 7152:
+        return ('cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct') if inside else 'cuda_prefill_staged.r32s4'
+    # region 35: 4 workloads, 1.75x (1.65x .. 1.85x) over vllm_flashinfer_prefill
+    if total_seq_len > 4048 and num_seqs > 11 and 4093 < max_seq_len <= 16372:
         return ('cuda_prefill_staged.r64s4', 'cuda_prefill_staged.r32s4') if inside else 'cuda_prefill_staged.r64s4'
-    # region 34: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
+    # region 36: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 4048 and num_seqs > 45 and max_seq_len > 16372:
+        return 'cuda_prefill_staged.r64s4'
+    # region 37: 1 workloads, 1.54x (1.54x .. 1.54x) over vllm_flashinfer_prefill
     if total_seq_len > 10278 and 11 < num_seqs <= 30 and max_seq_len <= 4093:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
-    # region 35: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len > 11585 and mean_seq_len <= 914 and max_seq_len > 4528:
-        return 'cuda_prefill_staged.r64s4'
-    # region 36: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
+    # region 38: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:
+        return ('vllm_flashinfer_prefill', 'cuda_prefill_staged.r32s4', 'cuda_prefill_staged.r64s4', 'flashinfer_direct', 'triton_prefill_staged.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_staged.c16v64', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 39: 2 workloads, 1.33x (1.24x .. 1.43x) over vllm_flashinfer_prefill
     if total_seq_len > 19714 and num_seqs > 30 and max_seq_len <= 4093:
         return ('flashinfer_direct', 'vllm_flashinfer_prefill.cp_off') if inside else 'flashinfer_direct'
     return 'vllm_flashinfer_prefill'
@@ -665,7 +683,7 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 15
+    if total_seq_len <= 5258 and 7 < num_seqs <= 11 and mean_seq_len > 362 and 1491 < max_seq_len <= 2712:  # region 16
         return True
     if total_seq_len > 2896 and num_seqs > 39 and 30 < mean_seq_len <= 45 and max_seq_len <= 5420:  # region 44
         return True
@@ -680,6 +698,6 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if total_seq_len > 4048 and num_seqs <= 5 and 4093 < max_seq_len <= 4528:  # region 27
+    if 4048 < total_seq_len <= 11165 and 2 < num_seqs <= 5 and 4093 < max_seq_len <= 7152:  # region 26
         return True
     return False

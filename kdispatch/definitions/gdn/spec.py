@@ -401,10 +401,18 @@ def _pool_prefill_spec(hq: int, hv: int) -> Spec:
                                       # held-out 11 x 274 to the rows kernel from a region fitted on
                                       # batches of 64-128 tokens: 218.6 us against the staged path's
                                       # 79.6 (H200, 2026-11-30)
-                                      {"num_seqs": (8,), "total_seq_len": (128, 256)}),
-                          # Not in the set: one prompt of 768 / 1,536 / 2,048 / 3,072 tokens and two of
-                          # 2,048 in every mix, measured on the H200 at every head count (2026-11-29; the
-                          # rows stay in its store). Refit with them, the held-out scores moved both ways
+                                      {"num_seqs": (8,), "total_seq_len": (128, 256)},
+                                      # One prompt of 1.5-3k tokens, where CP and the staged walk trade
+                                      # places: nothing in one sequence between 1,024 and 4,096 tokens, and the
+                                      # hinted graph router at 8 value heads sent SGLang's 1 x 2,048 to
+                                      # `cuda_prefill_staged.r32s4` from a region of 4 x 2,048 skewed mixes
+                                      # (83.8 us against SGLang's 88.3; `cuda_prefill_cp.p4` 38.0 / 83.9 us at
+                                      # 1 x 1,024 / 4,096, r32s4 45.9 / 159.9; H200, 2026-12-01)
+                                      {"num_seqs": (1,), "total_seq_len": (1536, 2048, 3072)}),
+                          # Not in the set: one prompt of 768 tokens and two of 2,048 in every mix, measured
+                          # on the H200 at every head count with one prompt of 1,536 / 2,048 / 3,072 tokens
+                          # (2026-11-29, before CP; those rows stay in its store, the three shapes since in
+                          # the set above under new uuids). Refit with them, the held-out scores moved both ways
                           # (graph mean: qk16 7.9 -> 15.0%, a 2 x 3,336 call sent to the baseline, 1.6x
                           # `flashinfer_pool_inplace.cp_off`'s time; qk2 34.0 -> 30.5%; with the
                           # longest sequence qk2 1.5 -> 4.1%; eager qk16 18.8 -> 5.1%, qk4 38.7 -> 33.3%):

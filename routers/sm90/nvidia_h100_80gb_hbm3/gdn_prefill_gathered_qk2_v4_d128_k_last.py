@@ -189,8 +189,8 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #             tuner/estimate.py); the measured workloads of a region still bind its choice
 # held out    graph: 5-fold over workloads: regret vs the best variant 2.63% mean, 73.88% max;
 #             1.350x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
-# held out    eager: 5-fold over workloads: regret vs the best variant 12.99% mean, 168.94% max;
-#             2.400x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
+# held out    eager: 5-fold over workloads: regret vs the best variant 13.20% mean, 168.94% max;
+#             2.394x over the baseline; 0 slower than the baseline beyond the spread, 0 routed to a failing variant
 # regions     CUDA graph (graph times)
 #   1. total_seq_len <= 90 and 21 < num_seqs <= 51 and 6 < max_seq_len <= 13: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32
 #   2. total_seq_len <= 181 and num_seqs > 51 and mean_seq_len <= 2 and max_seq_len > 13: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.13x (1.13x .. 1.13x) over vllm_flashinfer_prefill
@@ -246,45 +246,50 @@ def route_eager(total_seq_len, num_seqs, len_cu_seqlens):
 #   2. total_seq_len <= 16 and num_seqs <= 35 and mean_seq_len > 5 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 1 workloads, 6.73x (6.73x .. 6.73x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
 #   3. total_seq_len <= 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k16c8, 2 workloads, 4.10x (2.71x .. 6.20x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   4. total_seq_len <= 181 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: cuda_prefill_pool_rows.k16c8, 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64
-#   5. total_seq_len <= 362 and num_seqs > 35 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.60x (2.26x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   6. total_seq_len <= 362 and num_seqs > 35 and 5 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 4 workloads, 2.95x (2.22x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   5. total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 5: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   6. total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and 5 < max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
 #   7. total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209: cuda_prefill_pool_rows.k16c8, 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64
 #   8. total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021: triton_prefill_fused.c16v64, 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   9. total_seq_len <= 724 and 35 < num_seqs <= 90 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   10. total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 157: triton_prefill_fused.c16v32, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v64
-#   11. total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8
-#   12. total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: triton_prefill_chunked.v64, 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
-#   13. total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: triton_prefill_chunked.v64, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
-#   14. num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   15. num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   16. total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   17. total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   18. 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
-#   19. 362 < total_seq_len <= 533 and num_seqs > 35 and max_seq_len <= 30: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.51x (1.88x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   20. 362 < total_seq_len <= 533 and num_seqs > 35 and 30 < max_seq_len <= 157: cuda_prefill_pool_rows.k8c8, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
-#   21. 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
-#   22. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651: triton_prefill_fused.c16v64, 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
-#   23. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021: triton_prefill_chunked.v64, 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
-#   24. 533 < total_seq_len <= 1448 and num_seqs > 35 and max_seq_len <= 45: cuda_prefill_pool_rows.k2c8, 4 workloads, 2.87x (2.33x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
-#   25. 533 < total_seq_len <= 1448 and num_seqs > 35 and 45 < max_seq_len <= 157: triton_prefill_fused.c16v64, 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
-#   26. 724 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and max_seq_len > 157: triton_prefill_chunked.v64, 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
-#   27. 1448 < total_seq_len <= 2896 and num_seqs > 35 and max_seq_len > 1355: triton_prefill_chunked.v64, 2 workloads, 1.74x (1.13x .. 2.69x) over vllm_flashinfer_prefill
-#   28. 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and max_seq_len <= 88: triton_prefill_fused.c16v64, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
-#   29. 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and 88 < max_seq_len <= 362: triton_prefill_fused.c16v32, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-#   30. 1448 < total_seq_len <= 4205 and num_seqs > 35 and 362 < max_seq_len <= 1355: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
-#   31. 1448 < total_seq_len <= 4205 and num_seqs > 90 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.94x (2.46x .. 3.52x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k8c8
-#   32. 1448 < total_seq_len <= 4205 and num_seqs > 90 and 49 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it)
-#   33. 2896 < total_seq_len <= 4205 and num_seqs > 35 and max_seq_len > 1355: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_chunked.v64
-#   34. total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
-#   35. total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
-#   36. 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len <= 724: triton_prefill_fused.c16v64, 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   37. 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len > 724: vllm_flashinfer_prefill (baseline), 0 workloads
-#   38. total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len <= 5792: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.83x (1.78x .. 1.88x) over vllm_flashinfer_prefill
-#   39. total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len > 5792: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   9. total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and 64 < max_seq_len <= 157: cuda_prefill_pool_rows.k16c8, 2 workloads, 2.63x (2.22x .. 3.10x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8
+#   10. total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len > 157: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k8c8, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   11. total_seq_len <= 724 and 90 < num_seqs <= 181 and mean_seq_len <= 11 and max_seq_len > 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k16c8
+#   12. total_seq_len <= 724 and num_seqs > 181 and mean_seq_len <= 11 and max_seq_len > 64: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32, cuda_prefill_pool_rows.k2c8, triton_prefill_chunked.v64
+#   13. total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: triton_prefill_chunked.v64, 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill; then vllm_flashinfer_prefill.cp_off
+#   14. total_seq_len <= 2896 and num_seqs > 35 and 11 < mean_seq_len <= 22 and 64 < max_seq_len <= 678: triton_prefill_fused.c16v64, 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   15. total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 678: triton_prefill_chunked.v64, 2 workloads, 1.45x (1.13x .. 1.86x) over vllm_flashinfer_prefill
+#   16. total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 22 and 64 < max_seq_len <= 678: triton_prefill_fused.c16v32, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+#   17. total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: triton_prefill_chunked.v64, 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+#   18. num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it)
+#   19. num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   20. 35 < num_seqs <= 181 and mean_seq_len > 22 and max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32
+#   21. num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 64: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   22. total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15: cuda_prefill_pool_rows.k4c8, 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   23. total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97: cuda_prefill_pool_rows.k8c8, 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   24. 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 9: cuda_prefill_pool_rows.k2c8, 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   25. 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and 9 < max_seq_len <= 64: cuda_prefill_pool_rows.k8c8, 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k2c8, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   26. 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, triton_prefill_chunked.v64, vllm_flashinfer_prefill.cp_off
+#   27. 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 8: cuda_prefill_pool_rows.k2c8, 2 workloads, 2.93x (2.72x .. 3.16x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   28. 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and 8 < max_seq_len <= 64: cuda_prefill_pool_rows.k4c8, 2 workloads, 2.17x (1.93x .. 2.45x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k16c8, triton_prefill_fused.c16v64
+#   29. 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: triton_prefill_fused.c16v32, 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64, triton_prefill_chunked.v64
+#   30. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651: triton_prefill_fused.c16v64, 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   31. total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021: triton_prefill_chunked.v64, 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, vllm_flashinfer_prefill.cp_off
+#   32. total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 49: cuda_prefill_pool_rows.k2c8, 6 workloads, 2.90x (2.33x .. 3.92x) over vllm_flashinfer_prefill; then cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, triton_prefill_fused.c16v64
+#   33. total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and 49 < max_seq_len <= 64: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, triton_prefill_fused.c16v32
+#   34. total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and 64 < max_seq_len <= 362: triton_prefill_fused.c16v64, 0 workloads, by estimated times (no measured workload in it); then triton_prefill_fused.c16v32
+#   35. total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and max_seq_len > 362: vllm_flashinfer_prefill.cp_off, 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
+#   36. 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362: triton_prefill_fused.c16v64, 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+#   37. 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 362: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+#   38. total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563: vllm_flashinfer_prefill.cp_off, 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+#   39. total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021: vllm_flashinfer_prefill.cp_off, 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill; then triton_prefill_fused.c16v64
 #   40. total_seq_len > 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563: vllm_flashinfer_prefill (baseline), 5 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
-#   41. total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len <= 156: triton_prefill_fused.c16v64, 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
-#   42. total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len > 156: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
-#   43. total_seq_len > 5947 and num_seqs > 35 and 90 < mean_seq_len <= 136: vllm_flashinfer_prefill (baseline), 4 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32
+#   41. 6835 < total_seq_len <= 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64, cuda_prefill_pool_rows.k16c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k2c8
+#   42. 6835 < total_seq_len <= 23454 and num_seqs > 35 and 11 < mean_seq_len <= 144 and 64 < max_seq_len <= 1448: vllm_flashinfer_prefill (baseline), 3 workloads; where it cannot run here, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, cuda_prefill_pool_rows.k2c8, cuda_prefill_pool_rows.k4c8, cuda_prefill_pool_rows.k8c8, cuda_prefill_pool_rows.k16c8
+#   43. 6835 < total_seq_len <= 23454 and num_seqs > 35 and mean_seq_len > 144 and 64 < max_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call; engine plugins keep the engine's kernel (`hand_back`)
+#   44. 6835 < total_seq_len <= 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill (baseline), 2 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_chunked.v64, triton_prefill_fused.c16v32, triton_prefill_fused.c16v64
+#   45. total_seq_len > 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   46. total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362: vllm_flashinfer_prefill (baseline), 1 workloads; where it cannot run here, vllm_flashinfer_prefill.cp_off, triton_prefill_fused.c16v64, triton_prefill_fused.c16v32, triton_prefill_chunked.v64
+#   47. total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 362 < max_seq_len <= 1448: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
+#   48. total_seq_len > 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448: vllm_flashinfer_prefill.cp_off, 0 workloads, by estimated times (no measured workload in it); engine plugins keep the engine's kernel (`hand_back`)
 
 REGIONS_HINTED = (
     {'region': 1, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (6, 13), 'num_seqs': (21, 51), 'total_seq_len': (None, 90)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32')},
@@ -343,45 +348,50 @@ REGIONS_HINTED_EAGER = (
     {'region': 2, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'mean_seq_len': (5, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 16)}, 'workloads': 1, 'speedup': (6.73, 6.73, 6.73), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
     {'region': 3, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (None, 102)}, 'workloads': 2, 'speedup': (2.71, 4.1, 6.2), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 4, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (None, 181)}, 'workloads': 2, 'speedup': (3.54, 3.61, 3.68), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64')},
-    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'num_seqs': (35, None), 'total_seq_len': (None, 362)}, 'workloads': 2, 'speedup': (2.26, 2.6, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 157), 'num_seqs': (35, None), 'total_seq_len': (None, 362)}, 'workloads': 4, 'speedup': (2.22, 2.95, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 5, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 5), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (2.99, 2.99, 2.99), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 6, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (5, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (None, 181)}, 'workloads': 1, 'speedup': (4.29, 4.29, 4.29), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
     {'region': 7, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (97, 209), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (3.24, 4.2, 4.85), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64')},
     {'region': 8, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (209, 1021), 'num_seqs': (None, 2), 'total_seq_len': (None, 374)}, 'workloads': 3, 'speedup': (2.55, 3.02, 3.37), 'fallbacks': ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 9, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (35, 90), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 10, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (90, 181), 'total_seq_len': (None, 1448)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 11, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (181, None), 'total_seq_len': (None, 1448)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 12, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (2.48, 3.0, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
-    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ()},
-    {'region': 14, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2563, 5420), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 15, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 16, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 35), 'total_seq_len': (16, None)}, 'workloads': 3, 'speedup': (6.74, 9.08, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 17, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (102, None)}, 'workloads': 9, 'speedup': (3.58, 6.49, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 18, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (181, 374)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 19, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 30), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 4, 'speedup': (1.88, 2.51, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 20, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (30, 157), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
-    {'region': 21, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (374, 2896)}, 'workloads': 6, 'speedup': (1.91, 3.17, 6.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
-    {'region': 22, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 651), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 18, 'speedup': (1.77, 4.98, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
-    {'region': 23, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (651, 1021), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (2.05, 3.67, 4.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
-    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 45), 'num_seqs': (35, None), 'total_seq_len': (533, 1448)}, 'workloads': 4, 'speedup': (2.33, 2.87, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
-    {'region': 25, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (45, 157), 'num_seqs': (35, None), 'total_seq_len': (533, 1448)}, 'workloads': 1, 'speedup': (3.51, 3.51, 3.51), 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
-    {'region': 26, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (157, None), 'num_seqs': (35, 90), 'total_seq_len': (724, 1448)}, 'workloads': 1, 'speedup': (1.86, 1.86, 1.86), 'fallbacks': ()},
-    {'region': 27, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (35, None), 'total_seq_len': (1448, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.74, 2.69), 'fallbacks': ()},
-    {'region': 28, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 88), 'num_seqs': (35, 90), 'total_seq_len': (1448, 4205)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('triton_prefill_fused.c16v32',)},
-    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (88, 362), 'num_seqs': (35, 90), 'total_seq_len': (1448, 4205)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
-    {'region': 30, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 1355), 'num_seqs': (35, None), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 31, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'num_seqs': (90, None), 'total_seq_len': (1448, 4205)}, 'workloads': 2, 'speedup': (2.46, 2.94, 3.52), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8')},
-    {'region': 32, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 362), 'num_seqs': (90, None), 'total_seq_len': (1448, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 33, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1355, None), 'num_seqs': (35, None), 'total_seq_len': (2896, 4205)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_chunked.v64',)},
-    {'region': 34, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
-    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.29, 2.29, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
-    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 724), 'mean_seq_len': (None, 136), 'num_seqs': (35, None), 'total_seq_len': (4205, 5947)}, 'workloads': 1, 'speedup': (1.48, 1.48, 1.48), 'fallbacks': (), 'hand_back': True},
-    {'region': 37, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (724, None), 'mean_seq_len': (None, 136), 'num_seqs': (35, None), 'total_seq_len': (4205, 5947)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
-    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (None, 5792), 'mean_seq_len': (136, None), 'num_seqs': (35, None), 'total_seq_len': (4205, None)}, 'workloads': 2, 'speedup': (1.78, 1.83, 1.88), 'fallbacks': ()},
-    {'region': 39, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5792, None), 'mean_seq_len': (136, None), 'num_seqs': (35, None), 'total_seq_len': (4205, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 9, 'variant': 'cuda_prefill_pool_rows.k16c8', 'bounds': {'max_seq_len': (64, 157), 'mean_seq_len': (None, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (2.22, 2.63, 3.1), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 10, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (157, None), 'mean_seq_len': (None, 11), 'num_seqs': (35, 90), 'total_seq_len': (None, 724)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 11, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 11), 'num_seqs': (90, 181), 'total_seq_len': (None, 724)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 12, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, None), 'mean_seq_len': (None, 11), 'num_seqs': (181, None), 'total_seq_len': (None, 724)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64')},
+    {'region': 13, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (None, 2896)}, 'workloads': 5, 'speedup': (2.48, 3.0, 3.23), 'fallbacks': ('vllm_flashinfer_prefill.cp_off',)},
+    {'region': 14, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 678), 'mean_seq_len': (11, 22), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (3.51, 3.51, 3.51), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 15, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (678, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 2, 'speedup': (1.13, 1.45, 1.86), 'fallbacks': ()},
+    {'region': 16, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (64, 678), 'mean_seq_len': (22, None), 'num_seqs': (35, None), 'total_seq_len': (None, 2896)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
+    {'region': 17, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (None, 5792)}, 'workloads': 1, 'speedup': (2.14, 2.14, 2.14), 'fallbacks': ()},
+    {'region': 18, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (2563, 5420), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 0, 'speedup': None, 'fallbacks': ()},
+    {'region': 19, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (5420, None), 'mean_seq_len': (None, 724), 'num_seqs': (None, 35)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 20, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 64), 'mean_seq_len': (22, None), 'num_seqs': (35, 181)}, 'workloads': 1, 'speedup': (1.63, 1.63, 1.63), 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 21, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 64), 'mean_seq_len': (22, None), 'num_seqs': (181, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
+    {'region': 22, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (None, 15), 'num_seqs': (None, 35), 'total_seq_len': (16, None)}, 'workloads': 3, 'speedup': (6.74, 9.08, 14.63), 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 23, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (15, 97), 'num_seqs': (None, 35), 'total_seq_len': (102, None)}, 'workloads': 9, 'speedup': (3.58, 6.49, 9.95), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 24, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 9), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.26, 2.26, 2.26), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 25, 'variant': 'cuda_prefill_pool_rows.k8c8', 'bounds': {'max_seq_len': (9, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (181, 362)}, 'workloads': 1, 'speedup': (2.58, 2.58, 2.58), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 26, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'num_seqs': (2, 35), 'total_seq_len': (181, 374)}, 'workloads': 4, 'speedup': (3.2, 4.24, 5.99), 'fallbacks': ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 27, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 8), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (2.72, 2.93, 3.16), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 28, 'variant': 'cuda_prefill_pool_rows.k4c8', 'bounds': {'max_seq_len': (8, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (362, 533)}, 'workloads': 2, 'speedup': (1.93, 2.17, 2.45), 'fallbacks': ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64')},
+    {'region': 29, 'variant': 'triton_prefill_fused.c16v32', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (374, 2896)}, 'workloads': 6, 'speedup': (1.91, 3.17, 6.28), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64')},
+    {'region': 30, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (97, 651), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 18, 'speedup': (1.77, 4.98, 19.31), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 31, 'variant': 'triton_prefill_chunked.v64', 'bounds': {'max_seq_len': (651, 1021), 'mean_seq_len': (None, 328), 'num_seqs': (None, 35), 'total_seq_len': (374, None)}, 'workloads': 4, 'speedup': (2.05, 3.67, 4.66), 'fallbacks': ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off')},
+    {'region': 32, 'variant': 'cuda_prefill_pool_rows.k2c8', 'bounds': {'max_seq_len': (None, 49), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (533, None)}, 'workloads': 6, 'speedup': (2.33, 2.9, 3.92), 'fallbacks': ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64')},
+    {'region': 33, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (49, 64), 'mean_seq_len': (None, 22), 'num_seqs': (35, None), 'total_seq_len': (533, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32')},
+    {'region': 34, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 362), 'mean_seq_len': (None, 11), 'num_seqs': (35, None), 'total_seq_len': (724, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': ('triton_prefill_fused.c16v32',)},
+    {'region': 35, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (None, 11), 'num_seqs': (35, None), 'total_seq_len': (724, None)}, 'workloads': 2, 'speedup': (1.31, 1.78, 2.44), 'fallbacks': ()},
+    {'region': 36, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (64, 362), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (2896, 6835)}, 'workloads': 1, 'speedup': (1.66, 1.66, 1.66), 'fallbacks': ()},
+    {'region': 37, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, None), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (2896, 6835)}, 'workloads': 1, 'speedup': (1.78, 1.78, 1.78), 'fallbacks': ()},
+    {'region': 38, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1021, 2563), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 5, 'speedup': (1.4, 1.85, 3.5), 'fallbacks': ()},
+    {'region': 39, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (97, 1021), 'mean_seq_len': (328, None), 'num_seqs': (None, 35), 'total_seq_len': (2896, None)}, 'workloads': 1, 'speedup': (2.29, 2.29, 2.29), 'fallbacks': ('triton_prefill_fused.c16v64',)},
     {'region': 40, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (2563, None), 'mean_seq_len': (724, None), 'num_seqs': (None, 35), 'total_seq_len': (5792, None)}, 'workloads': 5, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
-    {'region': 41, 'variant': 'triton_prefill_fused.c16v64', 'bounds': {'max_seq_len': (None, 156), 'mean_seq_len': (None, 90), 'num_seqs': (35, None), 'total_seq_len': (5947, None)}, 'workloads': 1, 'speedup': (1.46, 1.46, 1.46), 'fallbacks': (), 'hand_back': True},
-    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (156, None), 'mean_seq_len': (None, 90), 'num_seqs': (35, None), 'total_seq_len': (5947, None)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
-    {'region': 43, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'mean_seq_len': (90, 136), 'num_seqs': (35, None), 'total_seq_len': (5947, None)}, 'workloads': 4, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32')},
+    {'region': 41, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (112, None), 'total_seq_len': (6835, 11585)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8')},
+    {'region': 42, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 1448), 'mean_seq_len': (11, 144), 'num_seqs': (35, None), 'total_seq_len': (6835, 23454)}, 'workloads': 3, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8')},
+    {'region': 43, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (64, 1448), 'mean_seq_len': (144, None), 'num_seqs': (35, None), 'total_seq_len': (6835, 23454)}, 'workloads': 1, 'speedup': (1.16, 1.16, 1.16), 'fallbacks': (), 'hand_back': True},
+    {'region': 44, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (35, 112), 'total_seq_len': (6835, 23514)}, 'workloads': 2, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64')},
+    {'region': 45, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (112, None), 'total_seq_len': (11585, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 46, 'variant': 'vllm_flashinfer_prefill', 'bounds': {'max_seq_len': (64, 362), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (23454, None)}, 'workloads': 1, 'speedup': (1.0, 1.0, 1.0), 'fallbacks': ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64')},
+    {'region': 47, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (362, 1448), 'mean_seq_len': (11, None), 'num_seqs': (35, None), 'total_seq_len': (23454, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
+    {'region': 48, 'variant': 'vllm_flashinfer_prefill.cp_off', 'bounds': {'max_seq_len': (1448, None), 'mean_seq_len': (11, None), 'num_seqs': (35, 112), 'total_seq_len': (23514, None)}, 'workloads': 0, 'speedup': None, 'fallbacks': (), 'hand_back': True},
 )
 
 MEASURED_HINTED = {'total_seq_len': (1, 32768), 'num_seqs': (1, 256), 'mean_seq_len': (1, 32768), 'max_seq_len': (1, 32768)}
@@ -555,11 +565,11 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 4: 2 workloads, 3.61x (3.54x .. 3.68x) over vllm_flashinfer_prefill
     if total_seq_len <= 181 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021:
         return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k16c8'
-    # region 5: 2 workloads, 2.60x (2.26x .. 2.99x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 35 and max_seq_len <= 5:
+    # region 5: 1 workloads, 2.99x (2.99x .. 2.99x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 5:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 6: 4 workloads, 2.95x (2.22x .. 4.29x) over vllm_flashinfer_prefill
-    if total_seq_len <= 362 and num_seqs > 35 and 5 < max_seq_len <= 157:
+    # region 6: 1 workloads, 4.29x (4.29x .. 4.29x) over vllm_flashinfer_prefill
+    if total_seq_len <= 181 and num_seqs > 35 and mean_seq_len <= 22 and 5 < max_seq_len <= 64:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
     # region 7: 3 workloads, 4.20x (3.24x .. 4.85x) over vllm_flashinfer_prefill
     if total_seq_len <= 374 and num_seqs <= 2 and 97 < max_seq_len <= 209:
@@ -567,108 +577,126 @@ def route_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     # region 8: 3 workloads, 3.02x (2.55x .. 3.37x) over vllm_flashinfer_prefill
     if total_seq_len <= 374 and num_seqs <= 2 and 209 < max_seq_len <= 1021:
         return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 9: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 724 and 35 < num_seqs <= 90 and max_seq_len > 157:
+    # region 9: 2 workloads, 2.63x (2.22x .. 3.10x) over vllm_flashinfer_prefill
+    if total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and 64 < max_seq_len <= 157:
+        return ('cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8') if inside else 'cuda_prefill_pool_rows.k16c8'
+    # region 10: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and 35 < num_seqs <= 90 and mean_seq_len <= 11 and max_seq_len > 157:
         return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k8c8', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 10: 0 workloads, by estimated times (no measured workload in it)
-    if total_seq_len <= 1448 and 90 < num_seqs <= 181 and max_seq_len > 157:
-        return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 11: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len <= 1448 and num_seqs > 181 and max_seq_len > 157:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 12: 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill
+    # region 11: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len <= 724 and 90 < num_seqs <= 181 and mean_seq_len <= 11 and max_seq_len > 64:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
+    # region 12: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len <= 724 and num_seqs > 181 and mean_seq_len <= 11 and max_seq_len > 64:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 13: 5 workloads, 3.00x (2.48x .. 3.23x) over vllm_flashinfer_prefill
     if total_seq_len <= 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563:
         return ('triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 13: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
+    # region 14: 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 35 and 11 < mean_seq_len <= 22 and 64 < max_seq_len <= 678:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v64'
+    # region 15: 2 workloads, 1.45x (1.13x .. 1.86x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 678:
+        return 'triton_prefill_chunked.v64'
+    # region 16: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if total_seq_len <= 2896 and num_seqs > 35 and mean_seq_len > 22 and 64 < max_seq_len <= 678:
+        return 'triton_prefill_fused.c16v32'
+    # region 17: 1 workloads, 2.14x (2.14x .. 2.14x) over vllm_flashinfer_prefill
     if total_seq_len <= 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563:
         return 'triton_prefill_chunked.v64'
-    # region 14: 0 workloads, by estimated times (no measured workload in it)
+    # region 18: 0 workloads, by estimated times (no measured workload in it)
     if num_seqs <= 35 and mean_seq_len <= 724 and 2563 < max_seq_len <= 5420:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 15: 1 workloads, the baseline; its stand-ins where it cannot run here
+    # region 19: 1 workloads, the baseline; its stand-ins where it cannot run here
     if num_seqs <= 35 and mean_seq_len <= 724 and max_seq_len > 5420:
         return ('vllm_flashinfer_prefill', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 16: 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill
+    # region 20: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
+    if 35 < num_seqs <= 181 and mean_seq_len > 22 and max_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 21: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
+    if num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 64:
+        return 'triton_prefill_fused.c16v64'
+    # region 22: 3 workloads, 9.08x (6.74x .. 14.63x) over vllm_flashinfer_prefill
     if total_seq_len > 16 and num_seqs <= 35 and max_seq_len <= 15:
         return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'cuda_prefill_pool_rows.k4c8'
-    # region 17: 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill
+    # region 23: 9 workloads, 6.49x (3.58x .. 9.95x) over vllm_flashinfer_prefill
     if total_seq_len > 102 and num_seqs <= 35 and 15 < max_seq_len <= 97:
         return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 18: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
+    # region 24: 1 workloads, 2.26x (2.26x .. 2.26x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 9:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k2c8'
+    # region 25: 1 workloads, 2.58x (2.58x .. 2.58x) over vllm_flashinfer_prefill
+    if 181 < total_seq_len <= 362 and num_seqs > 35 and mean_seq_len <= 22 and 9 < max_seq_len <= 64:
+        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k2c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
+    # region 26: 4 workloads, 4.24x (3.20x .. 5.99x) over vllm_flashinfer_prefill
     if 181 < total_seq_len <= 374 and 2 < num_seqs <= 35 and 97 < max_seq_len <= 1021:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_chunked.v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_fused.c16v32'
-    # region 19: 4 workloads, 2.51x (1.88x .. 3.16x) over vllm_flashinfer_prefill
-    if 362 < total_seq_len <= 533 and num_seqs > 35 and max_seq_len <= 30:
+    # region 27: 2 workloads, 2.93x (2.72x .. 3.16x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 8:
         return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 20: 0 workloads, by estimated times (no measured workload in it)
-    if 362 < total_seq_len <= 533 and num_seqs > 35 and 30 < max_seq_len <= 157:
-        return ('cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'cuda_prefill_pool_rows.k8c8'
-    # region 21: 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill
+    # region 28: 2 workloads, 2.17x (1.93x .. 2.45x) over vllm_flashinfer_prefill
+    if 362 < total_seq_len <= 533 and num_seqs > 35 and mean_seq_len <= 22 and 8 < max_seq_len <= 64:
+        return ('cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k4c8'
+    # region 29: 6 workloads, 3.17x (1.91x .. 6.28x) over vllm_flashinfer_prefill
     if 374 < total_seq_len <= 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021:
         return ('triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v32'
-    # region 22: 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill
+    # region 30: 18 workloads, 4.98x (1.77x .. 19.31x) over vllm_flashinfer_prefill
     if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 97 < max_seq_len <= 651:
         return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'triton_prefill_fused.c16v64'
-    # region 23: 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill
+    # region 31: 4 workloads, 3.67x (2.05x .. 4.66x) over vllm_flashinfer_prefill
     if total_seq_len > 374 and num_seqs <= 35 and mean_seq_len <= 328 and 651 < max_seq_len <= 1021:
         return ('triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'vllm_flashinfer_prefill.cp_off') if inside else 'triton_prefill_chunked.v64'
-    # region 24: 4 workloads, 2.87x (2.33x .. 3.92x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1448 and num_seqs > 35 and max_seq_len <= 45:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 25: 1 workloads, 3.51x (3.51x .. 3.51x) over vllm_flashinfer_prefill
-    if 533 < total_seq_len <= 1448 and num_seqs > 35 and 45 < max_seq_len <= 157:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'triton_prefill_fused.c16v64'
-    # region 26: 1 workloads, 1.86x (1.86x .. 1.86x) over vllm_flashinfer_prefill
-    if 724 < total_seq_len <= 1448 and 35 < num_seqs <= 90 and max_seq_len > 157:
-        return 'triton_prefill_chunked.v64'
-    # region 27: 2 workloads, 1.74x (1.13x .. 2.69x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 2896 and num_seqs > 35 and max_seq_len > 1355:
-        return 'triton_prefill_chunked.v64'
-    # region 28: 1 workloads, 1.63x (1.63x .. 1.63x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and max_seq_len <= 88:
-        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
-    # region 29: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4205 and 35 < num_seqs <= 90 and 88 < max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v32'
-    # region 30: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 4205 and num_seqs > 35 and 362 < max_seq_len <= 1355:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 31: 2 workloads, 2.94x (2.46x .. 3.52x) over vllm_flashinfer_prefill
-    if 1448 < total_seq_len <= 4205 and num_seqs > 90 and max_seq_len <= 49:
-        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k8c8') if inside else 'cuda_prefill_pool_rows.k2c8'
-    # region 32: 0 workloads, by estimated times (no measured workload in it)
-    if 1448 < total_seq_len <= 4205 and num_seqs > 90 and 49 < max_seq_len <= 362:
-        return 'triton_prefill_fused.c16v64'
+    # region 32: 6 workloads, 2.90x (2.33x .. 3.92x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and max_seq_len <= 49:
+        return ('cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'triton_prefill_fused.c16v64') if inside else 'cuda_prefill_pool_rows.k2c8'
     # region 33: 0 workloads, by estimated times (no measured workload in it)
-    if 2896 < total_seq_len <= 4205 and num_seqs > 35 and max_seq_len > 1355:
-        return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 34: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
+    if total_seq_len > 533 and num_seqs > 35 and mean_seq_len <= 22 and 49 < max_seq_len <= 64:
+        return ('triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 34: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and 64 < max_seq_len <= 362:
+        return ('triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'triton_prefill_fused.c16v64'
+    # region 35: 2 workloads, 1.78x (1.31x .. 2.44x) over vllm_flashinfer_prefill
+    if total_seq_len > 724 and num_seqs > 35 and mean_seq_len <= 11 and max_seq_len > 362:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 36: 1 workloads, 1.66x (1.66x .. 1.66x) over vllm_flashinfer_prefill
+    if 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362:
+        return 'triton_prefill_fused.c16v64'
+    # region 37: 1 workloads, 1.78x (1.78x .. 1.78x) over vllm_flashinfer_prefill
+    if 2896 < total_seq_len <= 6835 and num_seqs > 35 and mean_seq_len > 11 and max_seq_len > 362:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 38: 5 workloads, 1.85x (1.40x .. 3.50x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and num_seqs <= 35 and 1021 < max_seq_len <= 2563:
         return 'vllm_flashinfer_prefill.cp_off'
-    # region 35: 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill
+    # region 39: 1 workloads, 2.29x (2.29x .. 2.29x) over vllm_flashinfer_prefill
     if total_seq_len > 2896 and num_seqs <= 35 and mean_seq_len > 328 and 97 < max_seq_len <= 1021:
         return ('vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill.cp_off'
-    # region 36: 1 workloads, 1.48x (1.48x .. 1.48x) over vllm_flashinfer_prefill's guarded call
-    if 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len <= 724:
-        return 'triton_prefill_fused.c16v64'
-    # region 38: 2 workloads, 1.83x (1.78x .. 1.88x) over vllm_flashinfer_prefill
-    if total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len <= 5792:
-        return 'vllm_flashinfer_prefill.cp_off'
-    # region 39: 1 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 4205 and num_seqs > 35 and mean_seq_len > 136 and max_seq_len > 5792:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
     # region 40: 5 workloads, the baseline; its stand-ins where it cannot run here
     if total_seq_len > 5792 and num_seqs <= 35 and mean_seq_len > 724 and max_seq_len > 2563:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
-    # region 41: 1 workloads, 1.46x (1.46x .. 1.46x) over vllm_flashinfer_prefill's guarded call
-    if total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len <= 156:
-        return 'triton_prefill_fused.c16v64'
-    # region 42: 2 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len > 156:
+    # region 41: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if 6835 < total_seq_len <= 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448:
         return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64', 'cuda_prefill_pool_rows.k16c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k2c8') if inside else 'vllm_flashinfer_prefill'
-    # region 43: 4 workloads, the baseline; its stand-ins where it cannot run here
-    if total_seq_len > 5947 and num_seqs > 35 and 90 < mean_seq_len <= 136:
-        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32') if inside else 'vllm_flashinfer_prefill'
+    # region 42: 3 workloads, the baseline; its stand-ins where it cannot run here
+    if 6835 < total_seq_len <= 23454 and num_seqs > 35 and 11 < mean_seq_len <= 144 and 64 < max_seq_len <= 1448:
+        return ('vllm_flashinfer_prefill', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'cuda_prefill_pool_rows.k2c8', 'cuda_prefill_pool_rows.k4c8', 'cuda_prefill_pool_rows.k8c8', 'cuda_prefill_pool_rows.k16c8') if inside else 'vllm_flashinfer_prefill'
+    # region 43: 1 workloads, 1.16x (1.16x .. 1.16x) over vllm_flashinfer_prefill's guarded call
+    if 6835 < total_seq_len <= 23454 and num_seqs > 35 and mean_seq_len > 144 and 64 < max_seq_len <= 1448:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 44: 2 workloads, the baseline; its stand-ins where it cannot run here
+    if 6835 < total_seq_len <= 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_chunked.v64', 'triton_prefill_fused.c16v32', 'triton_prefill_fused.c16v64') if inside else 'vllm_flashinfer_prefill'
+    # region 45: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 46: 1 workloads, the baseline; its stand-ins where it cannot run here
+    if total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 64 < max_seq_len <= 362:
+        return ('vllm_flashinfer_prefill', 'vllm_flashinfer_prefill.cp_off', 'triton_prefill_fused.c16v64', 'triton_prefill_fused.c16v32', 'triton_prefill_chunked.v64') if inside else 'vllm_flashinfer_prefill'
+    # region 47: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 362 < max_seq_len <= 1448:
+        return 'vllm_flashinfer_prefill.cp_off'
+    # region 48: 0 workloads, by estimated times (no measured workload in it)
+    if total_seq_len > 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448:
+        return 'vllm_flashinfer_prefill.cp_off'
     return 'vllm_flashinfer_prefill'
 
 
@@ -687,8 +715,14 @@ def hand_back_hinted(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
 
 def hand_back_hinted_eager(total_seq_len, num_seqs, len_cu_seqlens, max_seq_len):
     mean_seq_len = total_seq_len // max(num_seqs, 1)  # mean tokens per sequence
-    if 4205 < total_seq_len <= 5947 and num_seqs > 35 and mean_seq_len <= 136 and max_seq_len <= 724:  # region 36
+    if num_seqs > 181 and mean_seq_len > 22 and max_seq_len <= 64:  # region 21
         return True
-    if total_seq_len > 5947 and num_seqs > 35 and mean_seq_len <= 90 and max_seq_len <= 156:  # region 41
+    if 6835 < total_seq_len <= 23454 and num_seqs > 35 and mean_seq_len > 144 and 64 < max_seq_len <= 1448:  # region 43
+        return True
+    if total_seq_len > 11585 and num_seqs > 112 and mean_seq_len > 11 and max_seq_len > 1448:  # region 45
+        return True
+    if total_seq_len > 23454 and num_seqs > 35 and mean_seq_len > 11 and 362 < max_seq_len <= 1448:  # region 47
+        return True
+    if total_seq_len > 23514 and 35 < num_seqs <= 112 and mean_seq_len > 11 and max_seq_len > 1448:  # region 48
         return True
     return False
